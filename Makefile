@@ -1,0 +1,43 @@
+# raylab: two commands on a fresh machine with Python 3.11 and pip.
+#   make train   install into .venv and run the main job (APPO on microduck_balance)
+#   make test    install into .venv and run the whole test suite (what CI runs)
+#
+# torch build: TORCH_SPEC / TORCH_INDEX_URL choose it, before anything else is installed.
+#   CPU (default here; pip takes the CPU wheel that lies on this machine's disk):
+#     make train
+#   CPU anywhere:   make install TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+#   CUDA 12.8:      make install TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX_URL ?=
+ARGS ?=
+PYTEST_ARGS ?=
+
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.raylab-installed
+
+.PHONY: install train test test-fast clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	@touch $@
+
+install: $(STAMP)
+
+train: $(STAMP)
+	$(BIN)/raylab train $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Everything but the slow learning tests.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,1 @@
+"""raylab.algorithms: RLlib new-API-stack configs and raylab's Learner subclasses."""

@@ -1,0 +1,194 @@
+"""The ``raylab`` command: train, eval, tune, bench, metrics.
+
+Flags are parsed by argparse; configuration overrides (``algo.lr=3e-4``) are composed by
+``raylab.config`` with OmegaConf. A user mistake ends with one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from raylab.errors import UserError
+
+PROG = "raylab"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (no usage dump) and exits with 2."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        raise UserError(f"{self.prog}: {message}")
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def _config_epilog(algo: str = "appo", task: str = "microduck_balance") -> str:
+    from raylab.config import compose, describe
+
+    cfg = compose(algo, task)
+    return (
+        "config overrides (KEY=VALUE, Hydra-style dotted keys; defaults shown for "
+        f"--algo {algo} --task {task}; other algos and tasks add or change keys, "
+        "see --print-config):\n" + describe(cfg)
+    )
+
+
+def _add_compose_args(p: argparse.ArgumentParser) -> None:
+    from raylab.config import ALGOS, SIMS
+    from raylab.envs.tasks import TASKS
+
+    p.add_argument("--algo", default="appo", help=f"algorithm: {', '.join(ALGOS)}")
+    p.add_argument(
+        "--task",
+        default="microduck_balance",
+        help=f"task: {', '.join(TASKS)}, or any Gymnasium id (e.g. Pendulum-v1)",
+    )
+    p.add_argument("--sim", default="mujoco", help=f"physics backend: {', '.join(SIMS)}")
+    p.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. algo.lr=3e-4"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="raylab: train robot control policies in MuJoCo on Ray (PPO, APPO, SAC).",
+        formatter_class=_Formatter,
+    )
+    from raylab import __version__
+
+    parser.add_argument("--version", action="version", version=f"raylab {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    # train
+    p = sub.add_parser(
+        "train",
+        help="train a policy (one-trial Ray Tune experiment)",
+        description="Train a policy with RLlib on Ray. Starts Ray in-process unless "
+        "resources.ray_address or RAY_ADDRESS names a cluster. Writes a run directory with "
+        "TensorBoard (or W&B) logs, run_config.json, run_summary.json and checkpoints.",
+        formatter_class=_Formatter,
+        epilog=_config_epilog(),
+    )
+    _add_compose_args(p)
+    p.add_argument(
+        "--print-config", action="store_true", help="print the fully composed config and exit"
+    )
+    p.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        default=None,
+        help="continue a run from its last checkpoint (same config, counters and run directory)",
+    )
+    p.set_defaults(func=_cmd_train)
+
+    # eval
+    p = sub.add_parser(
+        "eval",
+        help="evaluate a trained policy",
+        description="Run a trained policy deterministically on fixed-seed episodes; print mean "
+        "return, survival and episode length; write eval.json into the run directory.",
+        formatter_class=_Formatter,
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory written by raylab train")
+    p.add_argument("--checkpoint", default=None, help="checkpoint path (default: the latest)")
+    p.add_argument("--episodes", type=int, default=10, help="episodes to run")
+    p.add_argument("--seed", type=int, default=1000, help="seed of the first episode")
+    p.add_argument("--video", action="store_true", help="render play_video.mp4 (offscreen)")
+    p.set_defaults(func=_cmd_eval)
+
+    # tune
+    p = sub.add_parser(
+        "tune",
+        help="run a Ray Tune hyperparameter sweep from a YAML file",
+        description="Run a hyperparameter sweep described by a YAML file in tune_configs/.",
+        formatter_class=_Formatter,
+    )
+    p.add_argument("file", metavar="FILE", help="sweep YAML (see tune_configs/)")
+    p.add_argument("--resume", action="store_true", help="resume an interrupted sweep")
+    p.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="base config overrides for every trial"
+    )
+    p.set_defaults(func=_cmd_tune)
+
+    # bench
+    p = sub.add_parser(
+        "bench",
+        help="throughput benchmarks (env, compare, train, plot)",
+        description="Throughput benchmarks with drift guards; results are saved as JSON.",
+        formatter_class=_Formatter,
+    )
+    p.add_argument("what", nargs="?", default=None, help="env | compare | train | plot")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="options of the benchmark")
+    p.set_defaults(func=_cmd_bench)
+
+    # metrics
+    p = sub.add_parser(
+        "metrics",
+        help="read run metrics (extract) and the canonical schema (docs)",
+        description="Read a run's canonical metrics into a table or CSV; print the schema.",
+        formatter_class=_Formatter,
+    )
+    p.add_argument("what", nargs="?", default=None, help="extract | docs")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="options of the subcommand")
+    p.set_defaults(func=_cmd_metrics)
+    return parser
+
+
+def _not_yet(name: str) -> int:
+    print(f"raylab {name}: not yet available in this version", file=sys.stderr)
+    return 3
+
+
+def _cmd_train(args) -> int:
+    from raylab.config import compose, to_yaml
+
+    if args.resume:
+        return _not_yet("train --resume")
+    cfg = compose(args.algo, args.task, args.sim, args.overrides)
+    if args.print_config:
+        print(to_yaml(cfg), end="")
+        return 0
+    return _not_yet("train")
+
+
+def _cmd_eval(args) -> int:
+    return _not_yet("eval")
+
+
+def _cmd_tune(args) -> int:
+    return _not_yet("tune")
+
+
+def _cmd_bench(args) -> int:
+    return _not_yet("bench")
+
+
+def _cmd_metrics(args) -> int:
+    return _not_yet("metrics")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        return int(args.func(args) or 0)
+    except UserError as e:
+        msg = str(e)
+        if not msg.startswith(PROG):
+            msg = f"{PROG}: error: {msg}"
+        print(msg, file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,333 @@
+"""Typed, composable configuration.
+
+A run's configuration is one tree of dataclasses with four groups:
+
+- ``training.*``  logging backend, run directory, seed, budget, checkpoint cadence, traces
+- ``algo.*``      the algorithm's hyperparameters (one dataclass per algorithm)
+- ``env.*``       the task's options (one dataclass per task; any Gymnasium id gets the base one)
+- ``resources.*`` EnvRunners, Learners, GPUs, the Ray address
+
+It is composed in this order: algorithm defaults, task defaults (``TaskSpec.algo_defaults``),
+then Hydra-style dotted overrides (``algo.lr=3e-4 env.num_envs=64``). OmegaConf does the
+parsing and type checking against the dataclasses; bad input becomes a ``UserError``.
+Every field carries ``metadata["help"]``; ``describe`` turns that into ``--help`` text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from omegaconf import DictConfig, MISSING, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from raylab.envs.tasks import TASKS, EnvConfig, TaskSpec
+from raylab.errors import UserError, choices_hint
+
+SIMS = ("mujoco",)
+
+
+def _f(default: Any = MISSING, help: str = "", choices: Tuple[str, ...] = (), factory=None):
+    """A dataclass field with its help text and, for strings, its valid choices."""
+    meta = {"help": help, "choices": choices}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# --------------------------------------------------------------------------------- training
+
+
+@dataclass
+class TrainingConfig:
+    logger: str = _f("tensorboard", "persistent metric backend", ("tensorboard", "wandb"))
+    log_root: Optional[str] = _f(
+        None, "folder that holds run directories; default logs/<algo_log_name>/<task>"
+    )
+    log_dir: Optional[str] = _f(None, "exact run directory (overrides log_root); must not exist")
+    wandb_project: str = _f("raylab", "W&B project")
+    wandb_entity: Optional[str] = _f(None, "W&B entity (team or user)")
+    wandb_group: Optional[str] = _f(None, "W&B group")
+    wandb_name: Optional[str] = _f(None, "W&B run name; default the run directory name")
+    wandb_tags: List[str] = _f(help="W&B tags", factory=list)
+    wandb_notes: Optional[str] = _f(None, "W&B notes")
+    wandb_mode: str = _f("online", "W&B mode", ("online", "offline", "disabled"))
+    seed: int = _f(0, "seed for the algorithm, the EnvRunners and the envs")
+    total_steps: int = _f(5_000_000, "stop after this many env steps sampled")
+    time_budget_s: Optional[float] = _f(
+        180.0, "stop after this many seconds of training (null: no time limit)"
+    )
+    checkpoint_every: int = _f(20, "checkpoint every N training iterations (0: only at the end)")
+    iteration_s: float = _f(
+        1.0, "minimum wall time of one training iteration (RLlib min_time_s_per_iteration)"
+    )
+    terminal: str = _f(
+        "auto", "live panel (TTY), plain progress lines, or nothing", ("auto", "live", "plain", "off")
+    )
+    trace_enabled: bool = _f(False, "write a Perfetto / Chrome trace of learner and collector phases")
+    trace_output_dir: Optional[str] = _f(None, "trace folder; default <run_dir>/traces")
+    trace_thread_time: bool = _f(False, "add thread CPU time to trace events")
+    trace_cuda_events: bool = _f(False, "time GPU work with CUDA events in traces (GPU only)")
+
+
+# ------------------------------------------------------------------------------------ algos
+
+
+@dataclass
+class AlgoConfig:
+    name: str = _f(MISSING, "algorithm name (set by --algo)")
+    algo_log_name: str = _f(MISSING, "folder name under logs/ for this algorithm")
+    lr: float = _f(3e-4, "learning rate")
+    gamma: float = _f(0.99, "discount factor")
+    hidden: List[int] = _f(help="hidden layer sizes of policy and value nets", factory=lambda: [256, 256])
+    activation: str = _f("tanh", "hidden activation", ("tanh", "relu", "silu"))
+    grad_clip: Optional[float] = _f(1.0, "global gradient-norm clip (null: off)")
+
+
+@dataclass
+class PPOConfig(AlgoConfig):
+    name: str = "ppo"
+    algo_log_name: str = "ppo"
+    train_batch_size: int = _f(8192, "env steps per learner update (per learner)")
+    minibatch_size: int = _f(1024, "SGD minibatch size")
+    num_epochs: int = _f(5, "SGD passes over each train batch")
+    lambda_: float = _f(0.95, "GAE lambda")
+    clip_param: float = _f(0.2, "PPO policy clip")
+    vf_clip_param: float = _f(10.0, "value-function clip")
+    vf_loss_coeff: float = _f(0.5, "value loss weight")
+    entropy_coeff: float = _f(0.0, "entropy bonus weight")
+    kl_coeff: float = _f(0.0, "initial KL penalty weight (0: off)")
+    kl_target: float = _f(0.01, "KL target for the adaptive penalty")
+
+
+@dataclass
+class APPOConfig(AlgoConfig):
+    name: str = "appo"
+    algo_log_name: str = "appo"
+    lr: float = 5e-4
+    train_batch_size: int = _f(2048, "env steps per learner update (per learner)")
+    rollout_fragment_length: int = _f(32, "env steps per env per EnvRunner rollout")
+    vtrace: bool = _f(True, "V-trace off-policy correction")
+    clip_param: float = _f(0.4, "surrogate clip")
+    vf_loss_coeff: float = _f(0.5, "value loss weight")
+    entropy_coeff: float = _f(0.0, "entropy bonus weight")
+    use_kl_loss: bool = _f(False, "add a KL loss to the old policy")
+    kl_coeff: float = _f(1.0, "KL loss weight (use_kl_loss)")
+    circular_buffer_num_batches: int = _f(4, "batches kept in the learner's circular buffer")
+    circular_buffer_iterations_per_batch: int = _f(2, "times each batch is trained on")
+    target_network_update_freq: int = _f(2, "target-network update period (in train batches)")
+    broadcast_interval: int = _f(1, "weight broadcast to EnvRunners every N updates")
+
+
+@dataclass
+class SACConfig(AlgoConfig):
+    name: str = "sac"
+    algo_log_name: str = "sac"
+    activation: str = _f("relu", "hidden activation", ("tanh", "relu", "silu"))
+    actor_lr: float = _f(3e-4, "policy learning rate")
+    critic_lr: float = _f(3e-4, "Q-function learning rate")
+    alpha_lr: float = _f(3e-4, "temperature learning rate")
+    tau: float = _f(0.005, "polyak coefficient of the target Q nets")
+    initial_alpha: float = _f(1.0, "initial entropy temperature")
+    target_entropy: Optional[float] = _f(None, "target entropy (null: -action_dim)")
+    batch_size: int = _f(256, "replay batch size per update")
+    buffer_capacity: int = _f(1_000_000, "replay ring capacity (transitions)")
+    learning_starts: int = _f(1000, "env steps collected before the first update")
+    updates_per_step: float = _f(1.0, "gradient updates per env step (replay ratio)")
+    n_step: int = _f(1, "n-step returns")
+    weight_sync_every: int = _f(1, "publish weights to EnvRunners every N updates")
+    rollout_fragment_length: int = _f(1, "env steps per env per EnvRunner sample call")
+
+
+ALGOS: Dict[str, type] = {"ppo": PPOConfig, "appo": APPOConfig, "sac": SACConfig}
+
+
+# -------------------------------------------------------------------------------- resources
+
+
+@dataclass
+class ResourcesConfig:
+    num_env_runners: int = _f(1, "EnvRunner actors (each steps one batched env)")
+    num_cpus_per_env_runner: float = _f(1.0, "CPUs reserved per EnvRunner")
+    num_learners: int = _f(1, "Learner actors (0: learn inside the algorithm actor)")
+    num_gpus_per_learner: Optional[float] = _f(
+        None, "GPUs per Learner (null: 1 if this machine or cluster has a GPU, else 0)"
+    )
+    num_cpus_per_learner: float = _f(1.0, "CPUs reserved per Learner")
+    ray_address: Optional[str] = _f(
+        None, "Ray cluster to join (null: RAY_ADDRESS if set, else start Ray in-process)"
+    )
+
+
+# ------------------------------------------------------------------------------------- root
+
+
+@dataclass
+class RaylabConfig:
+    task: str = _f(MISSING, "task name or Gymnasium id (set by --task)")
+    sim: str = _f("mujoco", "physics backend (set by --sim)", SIMS)
+    algo: AlgoConfig = MISSING
+    env: EnvConfig = MISSING
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+
+
+def task_spec(task: str) -> TaskSpec:
+    """The TaskSpec of a raylab task, or a generic one for any registered Gymnasium id."""
+    if task in TASKS:
+        return TASKS[task]
+    import gymnasium as gym
+
+    import raylab.envs  # noqa: F401  (registers raylab/ ids)
+
+    if task in gym.registry:
+        return TaskSpec(name=task, gym_id=task, config_cls=EnvConfig)
+    raise UserError(
+        choices_hint(task, list(TASKS), "task")
+        + " (or any Gymnasium id such as Pendulum-v1, HalfCheetah-v5)"
+    )
+
+
+def compose(
+    algo: str = "appo",
+    task: str = "microduck_balance",
+    sim: str = "mujoco",
+    overrides: Tuple[str, ...] | List[str] = (),
+) -> DictConfig:
+    """Compose algorithm defaults, task defaults and dotted overrides into one typed config."""
+    if algo not in ALGOS:
+        raise UserError(choices_hint(algo, ALGOS, "algo"))
+    if sim not in SIMS:
+        raise UserError(choices_hint(sim, SIMS, "sim"))
+    spec = task_spec(task)
+    env_cfg = spec.config_cls(gym_id=spec.gym_id)
+    cfg = OmegaConf.structured(RaylabConfig(task=task, sim=sim, algo=ALGOS[algo](), env=env_cfg))
+    layers = [spec.algo_defaults.get(algo, {}), spec.env_defaults.get(algo, {})]
+    for layer_name, layer in zip(("algo", "env"), layers):
+        if layer:
+            cfg = OmegaConf.merge(cfg, {layer_name: layer})
+    cfg = OmegaConf.merge(cfg, _parse_overrides(cfg, overrides))
+    _check_choices(cfg)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def _parse_overrides(cfg: DictConfig, overrides) -> DictConfig:
+    out = OmegaConf.create({})
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise UserError(f"override '{item}' is not key=value (for example algo.lr=3e-4)")
+        key, _, value = item.partition("=")
+        if key in ("task", "sim", "algo.name"):
+            flag = {"task": "--task", "sim": "--sim", "algo.name": "--algo"}[key]
+            raise UserError(f"override '{item}': set {key} with {flag}, not as an override")
+        keys = [k for k, _ in iter_keys(cfg)]
+        if key not in keys and not _under_open_dict(cfg, key):
+            near = difflib.get_close_matches(key, keys, n=1)
+            hint = f" (did you mean '{near[0]}'?)" if near else ""
+            group = key.split(".")[0]
+            groups = ("training", "algo", "env", "resources")
+            where = (
+                f"; see `--print-config` for the keys of '{group}'"
+                if group in groups
+                else f"; groups are {', '.join(groups)}"
+            )
+            raise UserError(f"unknown config key '{key}'{hint}{where}")
+        try:
+            parsed = OmegaConf.from_dotlist([item])
+            out = OmegaConf.merge(out, parsed)
+            OmegaConf.merge(cfg, parsed)  # type check against the schema now, per item
+        except ValidationError as e:
+            expected = _expected_type(cfg, key)
+            raise UserError(f"bad value in '{item}': expected {expected}") from e
+        except (ConfigKeyError, OmegaConfBaseException) as e:
+            raise UserError(f"bad override '{item}': {str(e).splitlines()[0]}") from e
+    return out
+
+
+def _under_open_dict(cfg: DictConfig, key: str) -> bool:
+    """True when a prefix of key is a free-form dict field (such as env.kwargs)."""
+    parts = key.split(".")
+    for i in range(1, len(parts)):
+        node = OmegaConf.select(cfg, ".".join(parts[:i]))
+        if isinstance(node, DictConfig) and OmegaConf.get_type(node) is dict:
+            return True
+    return False
+
+
+def _expected_type(cfg: DictConfig, key: str) -> str:
+    parent, _, leaf = key.rpartition(".")
+    obj_type = OmegaConf.get_type(OmegaConf.select(cfg, parent) if parent else cfg)
+    current = OmegaConf.select(cfg, key)
+    if OmegaConf.is_config(current):
+        current = OmegaConf.to_container(current)
+    for f in dataclasses.fields(obj_type) if dataclasses.is_dataclass(obj_type) else ():
+        if f.name == leaf:
+            t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+            return f"{t} (current value {current!r})"
+    return "a value of the field's type"
+
+
+def iter_keys(cfg: DictConfig, prefix: str = "") -> Iterator[Tuple[str, Any]]:
+    """Every leaf key of a config (dotted) and its value; lists count as leaves."""
+    for k in cfg.keys():
+        v = cfg._get_node(k)
+        full = f"{prefix}{k}"
+        if isinstance(v, DictConfig):
+            yield from iter_keys(v, full + ".")
+        else:
+            yield full, OmegaConf.to_container(v) if OmegaConf.is_list(v) else v._value()
+
+
+def _check_choices(cfg: DictConfig) -> None:
+    for key, meta in _field_meta(cfg):
+        choices = meta.get("choices") or ()
+        if not choices:
+            continue
+        value = OmegaConf.select(cfg, key)
+        if value not in choices:
+            raise UserError(
+                f"bad value {key}={value}: valid choices: {', '.join(map(str, choices))}"
+            )
+
+
+def _field_meta(cfg: DictConfig, prefix: str = "") -> Iterator[Tuple[str, dict]]:
+    obj_type = OmegaConf.get_type(cfg)
+    if not dataclasses.is_dataclass(obj_type):
+        return
+    for f in dataclasses.fields(obj_type):
+        node = cfg._get_node(f.name)
+        if isinstance(node, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(node)):
+            yield from _field_meta(node, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", dict(f.metadata)
+
+
+def describe(cfg: DictConfig, groups: Tuple[str, ...] = ()) -> str:
+    """Help text: every key with its default and meaning, grouped."""
+    lines = []
+    current = None
+    for key, meta in _field_meta(cfg):
+        group = key.split(".")[0] if "." in key else ""
+        if groups and group not in groups:
+            continue
+        if group != current:
+            current = group
+            lines.append(f"  {group}.*" if group else "  top level")
+        value = OmegaConf.select(cfg, key)
+        if OmegaConf.is_config(value):
+            value = OmegaConf.to_container(value)
+        choices = meta.get("choices") or ()
+        extra = f" [{'|'.join(choices)}]" if choices else ""
+        lines.append(f"    {key}={value!s}{extra}  {meta.get('help', '')}".rstrip())
+    return "\n".join(lines)
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg)
+
+
+def to_dict(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)

@@ -1,0 +1,1 @@
+"""raylab.metrics: the canonical metric schema, stats tracker, run directories and readers."""

@@ -1,0 +1,138 @@
+"""The CLI and configuration composition: defaults, overrides, --print-config, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from raylab.cli import main
+from raylab.config import ALGOS, compose, iter_keys
+from raylab.errors import UserError
+
+
+def test_help_lists_subcommands(cli):
+    r = cli("--help")
+    assert r.returncode == 0
+    for name in ("train", "eval", "tune", "bench", "metrics"):
+        assert name in r.stdout
+
+
+@pytest.mark.parametrize("sub", ["train", "eval", "tune", "bench", "metrics"])
+def test_each_subcommand_has_help_with_defaults(sub, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([sub, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage: raylab " + sub in out
+    if sub == "train":
+        # every option with its default, and every config key with its default and meaning
+        assert "--algo ALGO" in out and "(default: appo)" in out
+        assert "(default: microduck_balance)" in out
+        cfg = compose()
+        for key, _ in iter_keys(cfg):
+            if key not in ("task", "sim"):
+                assert f"    {key}=" in out, key
+
+
+def test_print_config_is_the_composed_config(cli):
+    r = cli(
+        "train", "--algo", "appo", "--task", "microduck_balance", "--sim", "mujoco",
+        "training.logger=wandb", "training.wandb_project=raylab", "algo.lr=3e-4",
+        "env.num_envs=64", "--print-config",
+    )
+    assert r.returncode == 0, r.stderr
+    cfg = yaml.safe_load(r.stdout)
+    assert cfg["task"] == "microduck_balance" and cfg["sim"] == "mujoco"
+    assert cfg["algo"]["name"] == "appo"
+    assert cfg["algo"]["lr"] == pytest.approx(3e-4)
+    assert cfg["env"]["num_envs"] == 64
+    assert cfg["training"]["logger"] == "wandb"
+    assert cfg["training"]["wandb_project"] == "raylab"
+    assert set(cfg) == {"task", "sim", "algo", "env", "training", "resources"}
+
+
+@pytest.mark.parametrize("algo", sorted(ALGOS))
+def test_each_algo_has_its_own_defaults(algo):
+    cfg = compose(algo, "microduck_balance")
+    assert cfg.algo.name == algo
+    assert cfg.algo.algo_log_name
+    assert "lr" in cfg.algo
+
+
+def test_algo_specific_keys_and_task_defaults():
+    assert "clip_param" in compose("ppo").algo and "tau" not in compose("ppo").algo
+    assert "tau" in compose("sac").algo and "vtrace" not in compose("sac").algo
+    # task-level defaults sit between the algorithm defaults and the user's overrides
+    assert compose("appo").env.num_envs == 32
+    assert compose("appo", overrides=["env.num_envs=7"]).env.num_envs == 7
+
+
+def test_gymnasium_id_gets_the_generic_env_group():
+    cfg = compose("sac", "Pendulum-v1", overrides=["env.kwargs.g=9.81"])
+    assert cfg.env.gym_id == "Pendulum-v1"
+    assert "reward_version" not in cfg.env
+    # env.kwargs is the one open dict: new keys go to gymnasium.make
+    assert cfg.env.kwargs.g == pytest.approx(9.81)
+
+
+def test_override_types_are_converted():
+    cfg = compose(
+        "sac",
+        overrides=[
+            "algo.hidden=[64,64,32]", "training.time_budget_s=null", "training.seed=7",
+            "training.wandb_tags=[a,b]", "resources.num_gpus_per_learner=0",
+        ],
+    )
+    assert list(cfg.algo.hidden) == [64, 64, 32]
+    assert cfg.training.time_budget_s is None
+    assert cfg.training.seed == 7 and isinstance(cfg.training.seed, int)
+    assert list(cfg.training.wandb_tags) == ["a", "b"]
+    assert cfg.resources.num_gpus_per_learner == 0.0
+
+
+def test_config_is_read_only():
+    cfg = compose()
+    with pytest.raises(Exception):
+        cfg.algo.lr = 1.0
+    assert OmegaConf.is_readonly(cfg)
+
+
+BAD = [
+    (["--algo", "foo"], ["'foo'", "appo", "ppo", "sac"]),
+    (["--task", "microduk"], ["'microduk'", "did you mean 'microduck_balance'", "Gymnasium id"]),
+    (["--sim", "bullet"], ["'bullet'", "mujoco"]),
+    (["algo.lrr=1"], ["'algo.lrr'", "did you mean 'algo.lr'"]),
+    (["nosuchgroup.x=1"], ["'nosuchgroup.x'", "training", "resources"]),
+    (["algo.lr=abc"], ["algo.lr=abc", "float"]),
+    (["env.num_envs=1.5"], ["env.num_envs=1.5", "int"]),
+    (["training.logger=foo"], ["training.logger=foo", "tensorboard", "wandb"]),
+    (["env.reward_version=v9"], ["v9", "v1", "v2"]),
+    (["justaword"], ["'justaword'", "key=value"]),
+    (["task=x"], ["--task"]),
+]
+
+
+@pytest.mark.parametrize("argv,needles", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_input_is_one_line_exit_2(argv, needles, cli):
+    r = cli("train", *argv, "--print-config")
+    assert r.returncode == 2
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    assert lines[0].startswith("raylab")
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+def test_compose_raises_user_error_in_process():
+    with pytest.raises(UserError, match="unknown config key 'algo.nope'"):
+        compose("appo", overrides=["algo.nope=1"])
+
+
+def test_unknown_subcommand_is_one_line(cli):
+    r = cli("fly")
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert "fly" in r.stderr and "train" in r.stderr

@@ -148,17 +148,27 @@ def _not_yet(name: str) -> int:
 def _cmd_train(args) -> int:
     from raylab.config import compose, to_yaml
 
-    if args.resume:
-        return _not_yet("train --resume")
-    cfg = compose(args.algo, args.task, args.sim, args.overrides)
     if args.print_config:
+        if args.resume:
+            from raylab.train import load_run_config
+            from pathlib import Path
+
+            cfg = load_run_config(Path(args.resume))
+        else:
+            cfg = compose(args.algo, args.task, args.sim, args.overrides)
         print(to_yaml(cfg), end="")
         return 0
-    return _not_yet("train")
+    if args.resume and args.overrides:
+        raise UserError("--resume continues a run with its own config; drop the overrides")
+    from raylab.train import train
+
+    return train(args.algo, args.task, args.sim, args.overrides, resume=args.resume)
 
 
 def _cmd_eval(args) -> int:
-    return _not_yet("eval")
+    from raylab.evaluate import evaluate
+
+    return evaluate(args.run_dir, args.checkpoint, args.episodes, args.seed, args.video)
 
 
 def _cmd_tune(args) -> int:
@@ -170,7 +180,10 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_metrics(args) -> int:
-    return _not_yet("metrics")
+    from raylab.metrics.cli import main as metrics_main
+
+    # A UserError (bad subcommand, run that fails the schema) reaches main() as one line.
+    return metrics_main(([args.what] if args.what else []) + list(args.rest))
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -188,6 +201,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into `head` and the like
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

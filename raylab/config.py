@@ -159,6 +159,7 @@ class ResourcesConfig:
     ray_address: Optional[str] = _f(
         None, "Ray cluster to join (null: RAY_ADDRESS if set, else start Ray in-process)"
     )
+    dashboard: bool = _f(True, "start the Ray dashboard with an in-process Ray")
 
 
 # ------------------------------------------------------------------------------------- root

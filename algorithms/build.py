@@ -1,0 +1,185 @@
+"""Composed raylab config -> RLlib new-API-stack AlgorithmConfig.
+
+One function per algorithm fills the algorithm's own hyperparameters; everything else
+(environment, EnvRunners, Learners and their devices, callbacks, reporting cadence, seed) is
+shared. Tasks are created inside the EnvRunner actors: raylab tasks through Gymnasium's
+``vector_entry_point`` (one batched MuJoCo env per EnvRunner, ``env.num_threads`` threads),
+any other Gymnasium id through Gymnasium's own SyncVectorEnv.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from omegaconf import DictConfig, OmegaConf
+
+from raylab.envs.tasks import TASKS
+from raylab.errors import UserError
+
+# Fields of the env group that are raylab plumbing, not constructor options of the env.
+_ENV_PLUMBING = ("gym_id", "num_envs", "kwargs")
+
+
+def env_options(cfg: DictConfig) -> Dict[str, Any]:
+    """The keyword arguments the task's vector env receives (besides num_envs)."""
+    env = OmegaConf.to_container(cfg.env, resolve=True)
+    options = {k: v for k, v in env.items() if k not in _ENV_PLUMBING}
+    if cfg.task not in TASKS:
+        # Gymnasium ids: only gymnasium.make kwargs; raylab-only options do not apply.
+        options = {}
+    options.update(env.get("kwargs") or {})
+    return options
+
+
+def env_id_for_runner(cfg: DictConfig) -> str:
+    """The id an EnvRunner hands to gymnasium.make_vec.
+
+    ``module:id`` makes Gymnasium import the module first, which registers raylab's tasks in
+    the EnvRunner's own process (a fresh Ray worker has not imported raylab.envs).
+    """
+    if cfg.task in TASKS:
+        return f"raylab.envs:{cfg.env.gym_id}"
+    return cfg.env.gym_id
+
+
+def resolve_num_gpus_per_learner(cfg: DictConfig, cluster_gpus: float) -> float:
+    """GPUs per Learner: the configured value, or 1 when the cluster has a GPU (null = auto)."""
+    want = cfg.resources.num_gpus_per_learner
+    if want is None:
+        return 1.0 if cluster_gpus >= 1 else 0.0
+    if want > 0 and cluster_gpus < want * max(1, cfg.resources.num_learners):
+        raise UserError(
+            f"resources.num_gpus_per_learner={want} but this Ray cluster has {cluster_gpus:g} "
+            "GPU(s); use resources.num_gpus_per_learner=0 (CPU) or null (auto)"
+        )
+    return float(want)
+
+
+def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
+    """The RLlib AlgorithmConfig for a composed raylab config."""
+    from raylab.algorithms.callbacks import RaylabCallbacks
+
+    algo = cfg.algo
+    builder = {"ppo": _ppo, "appo": _appo, "sac": _sac}[algo.name]
+    config = builder(cfg)
+    vector_mode = "vector_entry_point" if cfg.task in TASKS else "sync"
+    config = (
+        config.environment(env=env_id_for_runner(cfg), env_config=env_options(cfg))
+        .env_runners(
+            num_env_runners=cfg.resources.num_env_runners,
+            num_envs_per_env_runner=cfg.env.num_envs,
+            num_cpus_per_env_runner=cfg.resources.num_cpus_per_env_runner,
+            gym_env_vectorize_mode=vector_mode,
+        )
+        .learners(
+            num_learners=cfg.resources.num_learners,
+            num_gpus_per_learner=num_gpus_per_learner,
+            num_cpus_per_learner=(
+                cfg.resources.num_cpus_per_learner if num_gpus_per_learner == 0 else 1
+            ),
+        )
+        .rl_module(
+            model_config={
+                "fcnet_hiddens": list(algo.hidden),
+                "fcnet_activation": algo.activation,
+                "vf_share_layers": False,
+            }
+        )
+        .callbacks(RaylabCallbacks)
+        .reporting(
+            min_time_s_per_iteration=cfg.training.iteration_s,
+            metrics_num_episodes_for_smoothing=100,
+        )
+        .debugging(seed=cfg.training.seed, log_level="ERROR")
+        .fault_tolerance(
+            restart_failed_env_runners=True,
+            max_num_env_runner_restarts=1000,
+            delay_between_env_runner_restarts_s=1.0,
+        )
+    )
+    return config
+
+
+def _ppo(cfg: DictConfig):
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    from raylab.algorithms.learners import RaylabPPOLearner
+
+    a = cfg.algo
+    return PPOConfig().training(
+        learner_class=RaylabPPOLearner,
+        lr=a.lr,
+        gamma=a.gamma,
+        lambda_=a.lambda_,
+        clip_param=a.clip_param,
+        vf_clip_param=a.vf_clip_param,
+        vf_loss_coeff=a.vf_loss_coeff,
+        entropy_coeff=a.entropy_coeff,
+        use_kl_loss=a.kl_coeff > 0,
+        kl_coeff=a.kl_coeff,
+        kl_target=a.kl_target,
+        grad_clip=a.grad_clip,
+        train_batch_size_per_learner=a.train_batch_size,
+        minibatch_size=a.minibatch_size,
+        num_epochs=a.num_epochs,
+    )
+
+
+def _appo(cfg: DictConfig):
+    from ray.rllib.algorithms.appo import APPOConfig
+
+    from raylab.algorithms.learners import RaylabAPPOLearner
+
+    a = cfg.algo
+    config = APPOConfig().training(
+        learner_class=RaylabAPPOLearner,
+        lr=a.lr,
+        gamma=a.gamma,
+        vtrace=a.vtrace,
+        clip_param=a.clip_param,
+        vf_loss_coeff=a.vf_loss_coeff,
+        entropy_coeff=a.entropy_coeff,
+        use_kl_loss=a.use_kl_loss,
+        kl_coeff=a.kl_coeff,
+        grad_clip=a.grad_clip,
+        train_batch_size_per_learner=a.train_batch_size,
+        circular_buffer_num_batches=a.circular_buffer_num_batches,
+        circular_buffer_iterations_per_batch=a.circular_buffer_iterations_per_batch,
+        target_network_update_freq=a.target_network_update_freq,
+        broadcast_interval=a.broadcast_interval,
+    )
+    # Let the algorithm loop wait briefly for ready samples instead of spinning: on a small
+    # machine a spinning driver takes a core from the EnvRunners and the Learner.
+    config.timeout_s_sampler_manager = 0.02
+    return config.env_runners(rollout_fragment_length=a.rollout_fragment_length)
+
+
+def _sac(cfg: DictConfig):
+    from ray.rllib.algorithms.sac import SACConfig
+
+    from raylab.algorithms.learners import RaylabSACLearner
+
+    a = cfg.algo
+    config = SACConfig().training(
+        learner_class=RaylabSACLearner,
+        gamma=a.gamma,
+        actor_lr=a.actor_lr,
+        critic_lr=a.critic_lr,
+        alpha_lr=a.alpha_lr,
+        tau=a.tau,
+        initial_alpha=a.initial_alpha,
+        target_entropy="auto" if a.target_entropy is None else a.target_entropy,
+        n_step=a.n_step,
+        grad_clip=a.grad_clip,
+        train_batch_size_per_learner=a.batch_size,
+        num_steps_sampled_before_learning_starts=a.learning_starts,
+        # RLlib's training_intensity counts trained samples per sampled step.
+        training_intensity=a.updates_per_step * a.batch_size,
+        replay_buffer_config={
+            "type": "PrioritizedEpisodeReplayBuffer",
+            "capacity": a.buffer_capacity,
+            "alpha": 0.0,  # uniform sampling
+            "beta": 0.0,
+        },
+    )
+    return config.env_runners(rollout_fragment_length=a.rollout_fragment_length)

@@ -1,0 +1,79 @@
+"""EnvRunner-side callbacks: task reward terms, termination counts and timeout rate.
+
+They run inside the EnvRunner actors. Values go through the raylab stats tracker and reach the
+driver as partial states inside RLlib's result (see ``timeline.push_partial_state``).
+RLlib's own EnvRunner timers supply the collector timeline (env step, inference, rollout wall).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from ray.rllib.callbacks.callbacks import RLlibCallback
+
+from raylab.algorithms.timeline import COLLECTOR_TRACKER, push_partial_state
+from raylab.metrics import schema as S
+from raylab.metrics import tracker as stats_tracker
+
+
+class RaylabCallbacks(RLlibCallback):
+    _runtime_key = None
+
+    def on_train_result(self, *, algorithm, metrics_logger=None, result, **kwargs):
+        # Attach actor placement for the runtime manifest on the first result and after any
+        # EnvRunner restart (the driver's Tune callback turns it into the manifest).
+        restarts = result.get("fault_tolerance", {}).get("num_remote_worker_restarts", 0)
+        if self._runtime_key != restarts:
+            from raylab.reporting import RUNTIME_KEY
+
+            result[RUNTIME_KEY] = runtime_info(algorithm)
+            self._runtime_key = restarts
+
+    def on_episode_end(self, *, episode, env_runner=None, metrics_logger=None, **kwargs):
+        # A truncation is a timeout (the episode reached its step limit); a termination is not.
+        timed_out = 1.0 if episode.is_truncated else 0.0
+        stats_tracker.get(COLLECTOR_TRACKER).scalar(**{S.EPISODE_TIMEOUT_RATE: timed_out})
+
+    def on_sample_end(self, *, env_runner=None, metrics_logger=None, samples=None, **kwargs):
+        tracker = stats_tracker.get(COLLECTOR_TRACKER)
+        env = getattr(env_runner, "env", None)
+        pop_log = getattr(getattr(env, "unwrapped", None), "pop_log", None)
+        if callable(pop_log):
+            log = pop_log()
+            terms = {k: v for k, v in log.items() if k.startswith(S.reward_tag(""))}
+            counts = {k: v for k, v in log.items() if k.startswith(S.termination_tag(""))}
+            if terms:
+                tracker.scalar(**terms)
+            if counts:
+                # Counts add up across EnvRunners and sample calls (a SUM, not a mean).
+                tracker.denominator(_one=np.ones(1, dtype=bool))
+                tracker.stat("_one", "sum", **{k: np.array([v], float) for k, v in counts.items()})
+        if metrics_logger is not None:
+            push_partial_state(metrics_logger, COLLECTOR_TRACKER)
+
+
+def runtime_info(algorithm) -> dict:
+    """Where each EnvRunner and Learner actor runs and on what device (for the manifest)."""
+    from raylab.metrics.manifest import actor_placement
+
+    def runner_info(runner):
+        env = getattr(runner, "env", None)
+        base = getattr(env, "unwrapped", env)
+        return actor_placement(
+            int(getattr(runner, "worker_index", 0)),
+            "cpu",
+            kind="env_runner",
+            num_envs=int(getattr(runner, "num_envs", 1) or 1),
+            num_threads=int(getattr(base, "num_threads", 1) or 1),
+        )
+
+    def learner_info(learner):
+        return actor_placement(
+            int(getattr(learner, "_rank", 0) or 0),
+            str(getattr(learner, "_device", None) or "cpu"),
+            kind="learner",
+        )
+
+    runners = algorithm.env_runner_group.foreach_env_runner(runner_info, local_env_runner=False)
+    learners = algorithm.learner_group.foreach_learner(learner_info)
+    learners = [getattr(r, "get", lambda: r)() for r in learners]
+    return {"env_runners": list(runners), "learners": learners}

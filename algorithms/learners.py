@@ -1,0 +1,255 @@
+"""raylab's Learner subclasses: RLlib's PPO / APPO / SAC torch learners with phase timers.
+
+Each learner owns one ``Timeline`` for its main update loop and records, per loop iteration,
+the canonical learner phases that exist on its path (``raylab.metrics.schema``):
+
+- PPO (synchronous; the loop is the learner actor's request thread):
+  Collector Wait (idle between two update requests: EnvRunners are sampling), Episode
+  Transfer (resolving episode refs from the object store), Replay Stage (learner connector:
+  episodes -> train batch, GAE), Learning (forward / backward / optimizer over all epochs).
+- APPO (asynchronous; the loop is RLlib's learner thread): Collector Wait (blocked on an empty
+  circular buffer), Replay Sample (taking a batch from it), Learning, Weight Publish (learner
+  state for the EnvRunner broadcast). The request thread that receives episodes and stages
+  them into the buffer overlaps this loop: it is a background diagnostic (Ingest).
+- SAC (RLlib's stock path; synchronous like PPO): Collector Wait, Replay Stage (learner
+  connector on the sampled replay episodes), Learning.
+
+Whatever the loop does outside these phases is Other = wall - accounted. Loss and policy
+statistics go through the stats tracker with their masks as denominators.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict
+
+from ray.rllib.algorithms.appo.torch.appo_torch_learner import APPOTorchLearner
+from ray.rllib.algorithms.appo.utils import CircularBuffer
+from ray.rllib.algorithms.impala.impala_learner import IMPALALearner
+from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
+from ray.rllib.algorithms.sac.torch.sac_torch_learner import SACTorchLearner
+from ray.rllib.core.columns import Columns
+from ray.rllib.core.rl_module.apis import TargetNetworkAPI
+from ray.rllib.evaluation.postprocessing import Postprocessing
+from ray.rllib.utils.lambda_defaultdict import LambdaDefaultDict
+
+from raylab.algorithms.timeline import LEARNER_TRACKER, Timeline, push_partial_state
+from raylab.metrics import schema as S
+from raylab.metrics import tracker as stats_tracker
+
+
+class _TimedLearnerMixin:
+    """Phase timers and tracker export shared by the raylab learners."""
+
+    _main_phases: tuple = ()
+
+    def _init_timeline(self) -> None:
+        self.timeline = Timeline(
+            LEARNER_TRACKER, phases=self._main_phases, wall_tag=S.PERF_ITERATION_TIME
+        )
+        self.stats = stats_tracker.get(LEARNER_TRACKER)
+
+    # ---- phases every path shares --------------------------------------------------------
+    def _update(self, batch, **kwargs):
+        with self.timeline.phase(S.PERF_LEARNING_TIME):
+            return super()._update(batch, **kwargs)
+
+    def _make_batch_if_necessary(self, training_data):
+        if self.timeline.on_owner_thread():
+            with self.timeline.phase(S.PERF_LEARNER_REPLAY_STAGE_MS):
+                return super()._make_batch_if_necessary(training_data)
+        with self.timeline.background(S.PERF_LEARNER_INGEST_MS):
+            return super()._make_batch_if_necessary(training_data)
+
+    def _record_batch_stats(self, module_id: str, batch: Dict[str, Any], loss) -> None:
+        """Loss and policy statistics through the stats tracker, masks as denominators."""
+        import torch
+
+        with torch.no_grad():
+            obs = batch[Columns.OBS]
+            mask = batch.get(Columns.LOSS_MASK)
+            if mask is None:
+                mask = torch.ones(obs.shape[0], dtype=torch.bool, device=obs.device)
+            self.stats.denominator(_valid_steps=mask.bool())
+            values = {}
+            if Postprocessing.ADVANTAGES in batch:
+                values[S.policy_tag("advantage")] = batch[Postprocessing.ADVANTAGES]
+            if Postprocessing.VALUE_TARGETS in batch:
+                values[S.policy_tag("value_target")] = batch[Postprocessing.VALUE_TARGETS]
+            if Columns.ACTION_LOGP in batch:
+                values[S.policy_tag("behaviour_logp")] = batch[Columns.ACTION_LOGP]
+            if values:
+                self.stats.stat("_valid_steps", "avg", **values)
+            self.stats.scalar(**{S.loss_tag("total"): float(loss.detach())})
+
+    def _export_stats(self) -> None:
+        push_partial_state(self.metrics, LEARNER_TRACKER)
+
+
+class RaylabPPOLearner(_TimedLearnerMixin, PPOTorchLearner):
+    _main_phases = (
+        S.PERF_LEARNER_COLLECTOR_WAIT_MS,
+        S.PERF_LEARNER_EPISODE_TRANSFER_MS,
+        S.PERF_LEARNER_REPLAY_STAGE_MS,
+        S.PERF_LEARNING_TIME,
+    )
+
+    def build(self) -> None:
+        super().build()
+        self._init_timeline()
+        self._last_update_end = None
+
+    def update(self, *args, training_data=None, **kwargs):
+        # The request thread is this loop's thread; the gap since the previous update is the
+        # time the learner waited for the EnvRunners.
+        import time
+
+        self.timeline.bind_to_current_thread()
+        if self._last_update_end is not None:
+            self.timeline.add(
+                S.PERF_LEARNER_COLLECTOR_WAIT_MS, time.perf_counter() - self._last_update_end
+            )
+        if training_data is not None:
+            with self.timeline.phase(S.PERF_LEARNER_EPISODE_TRANSFER_MS):
+                training_data.solve_refs()
+        result = super().update(*args, training_data=training_data, **kwargs)
+        self._last_update_end = time.perf_counter()
+        return result
+
+    def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
+        loss = super().compute_loss_for_module(
+            module_id=module_id, config=config, batch=batch, fwd_out=fwd_out
+        )
+        self._record_batch_stats(module_id, batch, loss)
+        return loss
+
+    def after_gradient_based_update(self, *, timesteps):
+        super().after_gradient_based_update(timesteps=timesteps)
+        # One update() call is one loop iteration; close it and ship the statistics.
+        self.timeline.boundary()
+        self._export_stats()
+
+
+class _TimedCircularBuffer(CircularBuffer):
+    """APPO's circular buffer, timed from the learner thread, waiting without busy polling.
+
+    ``get`` marks the learner loop's iteration boundary, then splits the call into Collector
+    Wait (blocked while the buffer is empty) and Replay Sample (drawing the batch).
+    """
+
+    def __init__(self, *args, timeline: Timeline, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._timeline = timeline
+        self._ready = threading.Condition(self._lock)
+
+    def put(self, item, block=True, timeout=None):
+        dropped = super().put(item, block=block, timeout=timeout)
+        with self._ready:
+            self._ready.notify_all()
+        return dropped
+
+    def get(self, block=True, timeout=None):
+        tl = self._timeline
+        if tl._owner is None:
+            tl.bind_to_current_thread()
+        tl.boundary()
+        with tl.phase(S.PERF_LEARNER_COLLECTOR_WAIT_MS):
+            with self._ready:
+                while not self._indices:
+                    self._ready.wait(timeout=0.5)
+        with tl.phase(S.PERF_LEARNER_REPLAY_SAMPLE_MS):
+            return super().get(block=block, timeout=timeout)
+
+
+class RaylabAPPOLearner(_TimedLearnerMixin, APPOTorchLearner):
+    _main_phases = (
+        S.PERF_LEARNER_COLLECTOR_WAIT_MS,
+        S.PERF_LEARNER_REPLAY_SAMPLE_MS,
+        S.PERF_LEARNING_TIME,
+        S.PERF_LEARNER_WEIGHT_PUBLISH_MS,
+    )
+
+    def build(self) -> None:
+        # APPOLearner.build, with the timed buffer in place of RLlib's CircularBuffer (the
+        # buffer must exist before IMPALALearner.build starts the learner thread).
+        self._init_timeline()
+        self._last_update_ts_by_mid = __import__("collections").defaultdict(int)
+        if self.config.use_circular_buffer:
+            self._learner_thread_in_queue = _TimedCircularBuffer(
+                num_batches=self.config.circular_buffer_num_batches,
+                iterations_per_batch=self.config.circular_buffer_iterations_per_batch,
+                timeline=self.timeline,
+            )
+        IMPALALearner.build(self)
+        self.module.foreach_module(
+            lambda mid, mod: (
+                mod.make_target_networks() if isinstance(mod, TargetNetworkAPI) else None
+            )
+        )
+        self.curr_kl_coeffs_per_module = LambdaDefaultDict(
+            lambda module_id: self._get_tensor_variable(
+                self.config.get_config_for_module(module_id).kl_coeff
+            )
+        )
+
+    def update(self, training_data, **kwargs):
+        # Request thread: resolve the episodes from the object store. It overlaps the learner
+        # thread, so it is a background diagnostic, never part of the learner's wall time.
+        with self.timeline.background(S.PERF_LEARNER_INGEST_MS):
+            training_data.solve_refs()
+        return super().update(training_data, **kwargs)
+
+    def get_state(self, *args, **kwargs):
+        if self.timeline.on_owner_thread() and self.timeline._owner is not None:
+            with self.timeline.phase(S.PERF_LEARNER_WEIGHT_PUBLISH_MS):
+                return super().get_state(*args, **kwargs)
+        return super().get_state(*args, **kwargs)
+
+    def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
+        loss = super().compute_loss_for_module(
+            module_id=module_id, config=config, batch=batch, fwd_out=fwd_out
+        )
+        self._record_batch_stats(module_id, batch, loss)
+        return loss
+
+    def after_gradient_based_update(self, *, timesteps):
+        super().after_gradient_based_update(timesteps=timesteps)
+        if self.timeline.on_owner_thread():
+            self._export_stats()
+
+
+class RaylabSACLearner(_TimedLearnerMixin, SACTorchLearner):
+    _main_phases = (
+        S.PERF_LEARNER_COLLECTOR_WAIT_MS,
+        S.PERF_LEARNER_REPLAY_STAGE_MS,
+        S.PERF_LEARNING_TIME,
+    )
+
+    def build(self) -> None:
+        super().build()
+        self._init_timeline()
+        self._last_update_end = None
+
+    def update(self, *args, **kwargs):
+        import time
+
+        self.timeline.bind_to_current_thread()
+        if self._last_update_end is not None:
+            self.timeline.add(
+                S.PERF_LEARNER_COLLECTOR_WAIT_MS, time.perf_counter() - self._last_update_end
+            )
+        result = super().update(*args, **kwargs)
+        self._last_update_end = time.perf_counter()
+        return result
+
+    def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
+        loss = super().compute_loss_for_module(
+            module_id=module_id, config=config, batch=batch, fwd_out=fwd_out
+        )
+        self._record_batch_stats(module_id, batch, loss)
+        return loss
+
+    def after_gradient_based_update(self, *, timesteps):
+        super().after_gradient_based_update(timesteps=timesteps)
+        self.timeline.boundary()
+        self._export_stats()

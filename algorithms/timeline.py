@@ -1,0 +1,119 @@
+"""Phase timers for learner and collector loops, and their transport through RLlib's metrics.
+
+A ``Timeline`` measures one thread's loop: mutually exclusive phases inside an iteration and the
+iteration's wall time (from one iteration boundary to the next). Phases it does not name are
+what the terminal calls Other (wall - accounted, never negative).
+
+Timings and statistics travel from Ray actors to the driver as *partial states* of the raylab
+stats tracker (exact sums, counts, minima, maxima). Each actor logs its tracker's export into
+RLlib's ``MetricsLogger`` as one item of an ``item_series`` under ``raylab/<tracker>``; RLlib's
+aggregation across EnvRunners and Learners concatenates the items, and the driver merges them
+with ``tracker.merge_exports``, which gives the numbers one tracker fed all the data would.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from typing import Dict, Iterator, Optional, Tuple
+
+from raylab.metrics import tracker as stats_tracker
+
+RAYLAB_KEY = "raylab"
+LEARNER_TRACKER = "learner"  # in Learner actors
+COLLECTOR_TRACKER = "collector"  # in EnvRunner actors
+
+
+def push_partial_state(metrics_logger, tracker_name: str) -> None:
+    """Export (and reset) a tracker of this process into an RLlib MetricsLogger."""
+    exported = stats_tracker.get(tracker_name).export(reset=True)
+    if exported:
+        metrics_logger.log_value((RAYLAB_KEY, tracker_name), exported, reduce="item_series")
+
+
+def pull_final_stats(result: dict, where: str, tracker_name: str) -> Dict[str, float]:
+    """Final numbers of a tracker merged across every actor that reported in this result."""
+    items = result.get(where, {}).get(RAYLAB_KEY, {}).get(tracker_name, [])
+    if not isinstance(items, list) or not items:
+        return {}
+    merged = stats_tracker.drop_counts(stats_tracker.merge_exports(items))
+    prefix = tracker_name + "/"
+    return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in merged.items()}
+
+
+def to_unit(tag: str, seconds: float) -> float:
+    """Seconds in the unit of a canonical tag: milliseconds for ``_ms`` tags, else seconds."""
+    return seconds * 1000.0 if tag.endswith("_ms") else seconds
+
+
+class Timeline:
+    """Mutually exclusive phases of one loop, plus the loop's iteration wall time.
+
+    ``boundary()`` ends the current iteration (if one is open) and starts the next; it returns
+    the closed iteration as {phase: seconds, "wall": seconds}. ``phase(name)`` times a block
+    inside the open iteration. Calls from threads other than the owner are ignored by
+    ``phase`` (use ``background`` for work on other threads).
+    """
+
+    def __init__(
+        self,
+        tracker_name: str,
+        phases: Tuple[str, ...],
+        wall_tag: str,
+        owner: Optional[threading.Thread] = None,
+    ):
+        self.tracker = stats_tracker.get(tracker_name)
+        self.phases = tuple(phases)
+        self.wall_tag = wall_tag
+        self._owner = owner
+        self._start: Optional[float] = None
+        self._phases: Dict[str, float] = {}
+
+    def bind_to_current_thread(self) -> None:
+        self._owner = threading.current_thread()
+
+    def on_owner_thread(self) -> bool:
+        return self._owner is None or threading.current_thread() is self._owner
+
+    @contextmanager
+    def phase(self, tag: str) -> Iterator[None]:
+        if not self.on_owner_thread():
+            yield
+            return
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._phases[tag] = self._phases.get(tag, 0.0) + (time.perf_counter() - t0)
+
+    def add(self, tag: str, seconds: float) -> None:
+        """Add a phase duration measured elsewhere (e.g. an idle gap between two calls)."""
+        self._phases[tag] = self._phases.get(tag, 0.0) + seconds
+
+    @contextmanager
+    def background(self, tag: str) -> Iterator[None]:
+        """Time work that overlaps the main loop (recorded, never part of the wall sum)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.tracker.scalar(**{tag: to_unit(tag, time.perf_counter() - t0)})
+
+    def boundary(self) -> Optional[Dict[str, float]]:
+        """Close the open iteration, record it, and open the next one.
+
+        Every phase of the timeline is recorded for every iteration (0 when it did not run),
+        so means are per iteration and phase shares of the wall time add up. Units follow
+        the tag: ``_ms`` tags in milliseconds, the others (learning_time, iteration_time) in
+        seconds.
+        """
+        now = time.perf_counter()
+        closed = None
+        if self._start is not None:
+            closed = {tag: self._phases.get(tag, 0.0) for tag in self.phases}
+            closed[self.wall_tag] = now - self._start
+            self.tracker.scalar(**{tag: to_unit(tag, secs) for tag, secs in closed.items()})
+        self._start = now
+        self._phases = {}
+        return closed

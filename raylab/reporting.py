@@ -1,0 +1,272 @@
+"""Driver side: RLlib results -> canonical metrics -> run directory, backend, terminal.
+
+``canonical_metrics`` is the one mapping from an RLlib result dict onto the canonical schema
+(unit conversion: RLlib timers are seconds, ``_ms`` tags are milliseconds; throughputs are
+totals across EnvRunners; learner values are averaged across Learners, weighted by their sample
+counts through the tracker's partial states). ``RaylabTuneCallback`` runs in the driver
+process and is the only writer of TensorBoard / W&B, ``run_config.json``, ``run_summary.json``
+and the runtime manifest. The x-axis of every chart is env steps sampled.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional
+
+from ray import tune
+
+from raylab.algorithms.timeline import (
+    COLLECTOR_TRACKER,
+    LEARNER_TRACKER,
+    RAYLAB_KEY,
+    pull_final_stats,
+)
+from raylab.metrics import schema as S
+
+STEPS_KEY = ("env_runners", "num_env_steps_sampled_lifetime")
+RUNTIME_KEY = "raylab_runtime"
+
+# RLlib per-module learner stats -> canonical tag.
+_LEARNER_STATS = {
+    "policy_loss": S.loss_tag("policy"),
+    "vf_loss": S.loss_tag("value"),
+    "mean_kl_loss": S.loss_tag("kl"),
+    "qf_loss": S.loss_tag("critic"),
+    "actor_loss": S.loss_tag("actor"),
+    "alpha_loss": S.loss_tag("alpha"),
+    "entropy": S.policy_tag("entropy"),
+    "curr_entropy_coeff": S.policy_tag("entropy_coeff"),
+    "curr_kl_coeff": S.policy_tag("kl_coeff"),
+    "vf_explained_var": S.policy_tag("vf_explained_var"),
+    "gradients_default_optimizer_global_norm": S.policy_tag("grad_norm"),
+    "default_optimizer_learning_rate": S.policy_tag("learning_rate"),
+    "alpha_value": S.policy_tag("alpha"),
+    "qf_mean": S.policy_tag("q_mean"),
+    "mean_IS": S.policy_tag("importance_ratio"),
+}
+
+
+def _get(d: dict, *path, default=None):
+    for p in path:
+        if not isinstance(d, dict) or p not in d:
+            return default
+        d = d[p]
+    return d
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(float(x))
+
+
+def env_steps(result: dict) -> int:
+    return int(_get(result, *STEPS_KEY, default=0) or 0)
+
+
+def canonical_metrics(result: dict, previous: Optional[dict] = None) -> Dict[str, float]:
+    """Map one RLlib training result onto canonical tags (not yet validated)."""
+    out: Dict[str, float] = {}
+    er = result.get("env_runners", {})
+
+    def put(tag: str, value, scale: float = 1.0):
+        if _finite(value):
+            out[tag] = float(value) * scale
+
+    put(S.TRAIN_MEAN_REWARD, er.get("episode_return_mean"))
+    put(S.TRAIN_MEAN_EPISODE_LENGTH, er.get("episode_len_mean"))
+
+    # Throughput of the whole job: env steps sampled by all EnvRunners per wall second.
+    steps, t = env_steps(result), float(result.get("time_total_s", 0.0))
+    if previous is not None:
+        d_steps, d_t = steps - env_steps(previous), t - float(previous.get("time_total_s", 0.0))
+    else:
+        d_steps, d_t = steps, float(result.get("time_this_iter_s", 0.0))
+    if d_t > 0:
+        put(S.PERF_TOTAL_FPS, d_steps / d_t)
+
+    # Collector timeline (RLlib's EnvRunner timers are seconds).
+    put(S.PERF_COLLECTION_TIME, er.get("sample"))
+    put(S.PERF_COLLECTOR_ENV_STEP_MS, er.get("env_step_timer"), 1000.0)
+    put(S.PERF_COLLECTOR_MLP_INFER_MS, er.get("rlmodule_inference_timer"), 1000.0)
+    # Algorithm loop: weight broadcast to the EnvRunners.
+    put(S.PERF_WEIGHT_BROADCAST_MS, _get(result, "timers", "synch_weights"), 1000.0)
+    put(S.PERF_ENV_RUNNER_RESTARTS, _get(result, "fault_tolerance", "num_remote_worker_restarts"))
+
+    # Partial states from the learner and collector trackers, merged across actors by RLlib.
+    for where, name in (("learners", LEARNER_TRACKER), ("env_runners", COLLECTOR_TRACKER)):
+        for tag, value in pull_final_stats(result, where, name).items():
+            if not tag.startswith("_"):
+                put(tag, value)
+
+    # RLlib's own per-module learner statistics (already averaged across Learners).
+    for module_id, stats in result.get("learners", {}).items():
+        if module_id.startswith("__") or module_id == RAYLAB_KEY or not isinstance(stats, dict):
+            continue
+        for key, tag in _LEARNER_STATS.items():
+            if tag not in out:
+                put(tag, stats.get(key))
+
+    trained = _get(result, "learners", "__all_modules__", "num_env_steps_trained")
+    if _finite(trained) and result.get("time_this_iter_s"):
+        put(S.PERF_LEARNER_ROWS_PER_S, float(trained) / float(result["time_this_iter_s"]))
+    return out
+
+
+class StopRequest:
+    """Ctrl-C / SIGTERM -> a graceful stop: trials stop, checkpoint at the end, logs flush.
+
+    A second Ctrl-C falls through to Python's default (KeyboardInterrupt).
+    """
+
+    requested = threading.Event()
+
+    @classmethod
+    def install(cls) -> None:
+        def handler(signum, frame):
+            if cls.requested.is_set():
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                raise KeyboardInterrupt
+            cls.requested.set()
+            print(
+                "\nraylab: stopping after this iteration (checkpoint + logs); Ctrl-C again to abort",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, handler)
+            signal.signal(signal.SIGTERM, handler)
+
+
+class BudgetStopper(tune.Stopper):
+    """Stop on env steps or wall time, whichever first, or on a stop request."""
+
+    def __init__(self, total_steps: int, time_budget_s: Optional[float]):
+        self.total_steps = int(total_steps)
+        self.time_budget_s = time_budget_s
+
+    def __call__(self, trial_id: str, result: Dict[str, Any]) -> bool:
+        if env_steps(result) >= self.total_steps:
+            return True
+        if self.time_budget_s is not None and result.get("time_total_s", 0) >= self.time_budget_s:
+            return True
+        return StopRequest.requested.is_set()
+
+    def stop_all(self) -> bool:
+        return StopRequest.requested.is_set()
+
+
+class RaylabTuneCallback(tune.Callback):
+    """Driver-side writer: one run directory per trial, canonical metrics, summary, manifest.
+
+    ``run_dir_for(trial) -> (Path, config_dict)`` says where each trial's run directory is and
+    what config it ran with. Runtime objects (backends) are created lazily and dropped when
+    pickled, so Tune can save and restore the experiment.
+    """
+
+    def __init__(self, run_dir_for: Callable, progress: Optional[Callable] = None):
+        self.run_dir_for = run_dir_for
+        self.progress = progress
+        self._runs: Dict[str, dict] = {}
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_runs"] = {}
+        return state
+
+    # --- helpers -------------------------------------------------------------------------
+    def _run(self, trial) -> dict:
+        from raylab.metrics.backends import make_backend
+        from raylab.metrics.rundir import RunDirectory
+
+        run = self._runs.get(trial.trial_id)
+        if run is None:
+            path, config = self.run_dir_for(trial)
+            rd = RunDirectory(Path(path))
+            if not (rd.path / "run_config.json").exists():
+                rd.write_config(config)
+            rd.update_summary(status="running", trial_id=trial.trial_id)
+            backend = make_backend(_training_cfg(config), rd.path, config)
+            run = {"dir": rd, "backend": backend, "prev": None, "last": {}, "manifest": None}
+            self._runs[trial.trial_id] = run
+        return run
+
+    @staticmethod
+    def _manifest(run: dict, runtime: dict) -> dict:
+        from raylab.metrics.manifest import build_manifest, collect_cluster_info
+
+        config = run["dir"].read_config()
+        runners = runtime["env_runners"]
+        return build_manifest(
+            **collect_cluster_info(),
+            env_runners=runners,
+            learners=runtime["learners"],
+            envs_per_runner=int(config["env"]["num_envs"]),
+            threads_per_runner=int(config["env"].get("num_threads", 1)),
+            sim_backend=config.get("sim", "mujoco"),
+            sim_backend_device=None,  # MuJoCo on the CPU: no accelerator binding
+            counters={"env_runner_restarts": float(runtime.get("restarts", 0))},
+        )
+
+    # --- Tune hooks ------------------------------------------------------------------------
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self._run(trial)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        from raylab.metrics.manifest import build_manifest
+
+        run = self._run(trial)
+        metrics = S.normalize(canonical_metrics(result, run["prev"]))
+        step = env_steps(result)
+        run["backend"].log(step, metrics)
+        run["prev"], run["last"] = result, metrics
+        runtime = result.get(RUNTIME_KEY)
+        if runtime is not None:
+            run["manifest"] = self._manifest(run, runtime)
+        run["dir"].update_summary(
+            final_metrics=metrics,
+            env_steps=step,
+            training_iteration=int(result.get("training_iteration", 0)),
+            time_total_s=float(result.get("time_total_s", 0.0)),
+            runtime_manifest=run["manifest"],
+        )
+        if self.progress is not None:
+            self.progress(trial, result, metrics)
+
+    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+        run = self._run(trial)
+        run["dir"].update_summary(last_checkpoint=str(checkpoint.path))
+
+    def _finish(self, trial, status: str, error: Optional[str] = None):
+        run = self._runs.get(trial.trial_id)
+        if run is None:
+            return
+        if status == "completed" and StopRequest.requested.is_set():
+            status = "interrupted"
+        fields = {"status": status, "end_time": time.time()}
+        if error:
+            fields["error"] = error
+        run["dir"].update_summary(**fields)
+        run["backend"].close()
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._finish(trial, "completed")
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._finish(trial, "failed", error=str(getattr(trial, "error_file", "") or "trial error"))
+
+    def on_experiment_end(self, trials, **info):
+        for trial in trials:
+            run = self._runs.pop(trial.trial_id, None)
+            if run is not None:
+                run["backend"].close()
+
+
+def _training_cfg(config: dict):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create(config.get("training", {}))

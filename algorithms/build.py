@@ -58,10 +58,12 @@ def resolve_num_gpus_per_learner(cfg: DictConfig, cluster_gpus: float) -> float:
 def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
     """The RLlib AlgorithmConfig for a composed raylab config."""
     from raylab.algorithms.callbacks import RaylabCallbacks
+    from raylab.algorithms.env_runner import RaylabEnvRunner
 
     algo = cfg.algo
     builder = {"ppo": _ppo, "appo": _appo, "sac": _sac}[algo.name]
     config = builder(cfg)
+    runner_cls = config.env_runner_cls if cfg.algo.name == "sac" else RaylabEnvRunner
     vector_mode = "vector_entry_point" if cfg.task in TASKS else "sync"
     config = (
         config.environment(env=env_id_for_runner(cfg), env_config=env_options(cfg))
@@ -69,7 +71,9 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
             num_env_runners=cfg.resources.num_env_runners,
             num_envs_per_env_runner=cfg.env.num_envs,
             num_cpus_per_env_runner=cfg.resources.num_cpus_per_env_runner,
+            custom_resources_per_env_runner=dict(cfg.resources.custom_resources_per_env_runner),
             gym_env_vectorize_mode=vector_mode,
+            env_runner_cls=runner_cls,
         )
         .learners(
             num_learners=cfg.resources.num_learners,
@@ -77,6 +81,7 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
             num_cpus_per_learner=(
                 cfg.resources.num_cpus_per_learner if num_gpus_per_learner == 0 else 1
             ),
+            custom_resources_per_learner=dict(cfg.resources.custom_resources_per_learner),
         )
         .rl_module(
             model_config={
@@ -155,13 +160,10 @@ def _appo(cfg: DictConfig):
 
 
 def _sac(cfg: DictConfig):
-    from ray.rllib.algorithms.sac import SACConfig
-
-    from raylab.algorithms.learners import RaylabSACLearner
+    from raylab.algorithms.sac import RaylabSACConfig, RaylabSACEnvRunner
 
     a = cfg.algo
-    config = SACConfig().training(
-        learner_class=RaylabSACLearner,
+    config = RaylabSACConfig().training(
         gamma=a.gamma,
         actor_lr=a.actor_lr,
         critic_lr=a.critic_lr,
@@ -169,17 +171,17 @@ def _sac(cfg: DictConfig):
         tau=a.tau,
         initial_alpha=a.initial_alpha,
         target_entropy="auto" if a.target_entropy is None else a.target_entropy,
-        n_step=a.n_step,
+        n_step=1,
         grad_clip=a.grad_clip,
         train_batch_size_per_learner=a.batch_size,
         num_steps_sampled_before_learning_starts=a.learning_starts,
-        # RLlib's training_intensity counts trained samples per sampled step.
-        training_intensity=a.updates_per_step * a.batch_size,
-        replay_buffer_config={
-            "type": "PrioritizedEpisodeReplayBuffer",
-            "capacity": a.buffer_capacity,
-            "alpha": 0.0,  # uniform sampling
-            "beta": 0.0,
-        },
     )
-    return config.env_runners(rollout_fragment_length=a.rollout_fragment_length)
+    config.updates_per_step = a.updates_per_step
+    config.weight_sync_every = a.weight_sync_every
+    config.env_steps_per_sync = a.env_steps_per_sync
+    config.buffer_capacity = a.buffer_capacity
+    config.learning_starts = a.learning_starts
+    config.torch_compile = a.torch_compile
+    config.bf16_autocast = a.bf16_autocast
+    config.learner_torch_threads = max(1, int(cfg.resources.num_cpus_per_learner))
+    return config.env_runners(env_runner_cls=RaylabSACEnvRunner)

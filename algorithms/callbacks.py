@@ -34,22 +34,27 @@ class RaylabCallbacks(RLlibCallback):
         stats_tracker.get(COLLECTOR_TRACKER).scalar(**{S.EPISODE_TIMEOUT_RATE: timed_out})
 
     def on_sample_end(self, *, env_runner=None, metrics_logger=None, samples=None, **kwargs):
-        tracker = stats_tracker.get(COLLECTOR_TRACKER)
-        env = getattr(env_runner, "env", None)
-        pop_log = getattr(getattr(env, "unwrapped", None), "pop_log", None)
-        if callable(pop_log):
-            log = pop_log()
-            terms = {k: v for k, v in log.items() if k.startswith(S.reward_tag(""))}
-            counts = {k: v for k, v in log.items() if k.startswith(S.termination_tag(""))}
-            if terms:
-                tracker.scalar(**terms)
-            if counts:
-                # Counts add up across EnvRunners and sample calls (a SUM, not a mean).
-                tracker.denominator(_one=np.ones(1, dtype=bool))
-                tracker.stat("_one", "sum", **{k: np.array([v], float) for k, v in counts.items()})
-        if metrics_logger is not None:
-            push_partial_state(metrics_logger, COLLECTOR_TRACKER)
+        if env_runner is not None and metrics_logger is not None:
+            record_env_log(env_runner, metrics_logger)
 
+
+def record_env_log(env_runner, metrics_logger) -> None:
+    """Task reward terms and termination counts since the last call, then ship the tracker."""
+    tracker = stats_tracker.get(COLLECTOR_TRACKER)
+    env = getattr(env_runner, "env", None)
+    pop_log = getattr(getattr(env, "unwrapped", None), "pop_log", None)
+    if callable(pop_log):
+        log = pop_log()
+        family = {k: S.spec_of(k).name for k in log}
+        terms = {k: v for k, v in log.items() if family[k] == S.REWARD_FAMILY}
+        counts = {k: v for k, v in log.items() if family[k] == S.EPISODE_TERMINATION_FAMILY}
+        if terms:
+            tracker.scalar(**terms)
+        if counts:
+            # Counts add up across EnvRunners and sample calls (a SUM, not a mean).
+            tracker.denominator(_one=np.ones(1, dtype=bool))
+            tracker.stat("_one", "sum", **{k: np.array([v], float) for k, v in counts.items()})
+    push_partial_state(metrics_logger, COLLECTOR_TRACKER)
 
 def runtime_info(algorithm) -> dict:
     """Where each EnvRunner and Learner actor runs and on what device (for the manifest)."""

@@ -11,8 +11,8 @@ the canonical learner phases that exist on its path (``raylab.metrics.schema``):
   circular buffer), Replay Sample (taking a batch from it), Learning, Weight Publish (learner
   state for the EnvRunner broadcast). The request thread that receives episodes and stages
   them into the buffer overlaps this loop: it is a background diagnostic (Ingest).
-- SAC (RLlib's stock path; synchronous like PPO): Collector Wait, Replay Stage (learner
-  connector on the sampled replay episodes), Learning.
+- SAC has its own learner with a device replay and an asynchronous update loop
+  (``raylab.algorithms.sac``).
 
 Whatever the loop does outside these phases is Other = wall - accounted. Loss and policy
 statistics go through the stats tracker with their masks as denominators.
@@ -27,7 +27,6 @@ from ray.rllib.algorithms.appo.torch.appo_torch_learner import APPOTorchLearner
 from ray.rllib.algorithms.appo.utils import CircularBuffer
 from ray.rllib.algorithms.impala.impala_learner import IMPALALearner
 from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
-from ray.rllib.algorithms.sac.torch.sac_torch_learner import SACTorchLearner
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.apis import TargetNetworkAPI
 from ray.rllib.evaluation.postprocessing import Postprocessing
@@ -42,6 +41,12 @@ class _TimedLearnerMixin:
     """Phase timers and tracker export shared by the raylab learners."""
 
     _main_phases: tuple = ()
+
+    def __repr__(self) -> str:
+        # The Learner actor's name in the Ray dashboard and in log prefixes.
+        import os
+
+        return f"raylab-learner-{os.environ.get('RANK', '0')}"
 
     def _init_timeline(self) -> None:
         self.timeline = Timeline(
@@ -216,40 +221,3 @@ class RaylabAPPOLearner(_TimedLearnerMixin, APPOTorchLearner):
         super().after_gradient_based_update(timesteps=timesteps)
         if self.timeline.on_owner_thread():
             self._export_stats()
-
-
-class RaylabSACLearner(_TimedLearnerMixin, SACTorchLearner):
-    _main_phases = (
-        S.PERF_LEARNER_COLLECTOR_WAIT_MS,
-        S.PERF_LEARNER_REPLAY_STAGE_MS,
-        S.PERF_LEARNING_TIME,
-    )
-
-    def build(self) -> None:
-        super().build()
-        self._init_timeline()
-        self._last_update_end = None
-
-    def update(self, *args, **kwargs):
-        import time
-
-        self.timeline.bind_to_current_thread()
-        if self._last_update_end is not None:
-            self.timeline.add(
-                S.PERF_LEARNER_COLLECTOR_WAIT_MS, time.perf_counter() - self._last_update_end
-            )
-        result = super().update(*args, **kwargs)
-        self._last_update_end = time.perf_counter()
-        return result
-
-    def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
-        loss = super().compute_loss_for_module(
-            module_id=module_id, config=config, batch=batch, fwd_out=fwd_out
-        )
-        self._record_batch_stats(module_id, batch, loss)
-        return loss
-
-    def after_gradient_based_update(self, *, timesteps):
-        super().after_gradient_based_update(timesteps=timesteps)
-        self.timeline.boundary()
-        self._export_stats()

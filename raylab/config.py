@@ -136,9 +136,12 @@ class SACConfig(AlgoConfig):
     buffer_capacity: int = _f(1_000_000, "replay ring capacity (transitions)")
     learning_starts: int = _f(1000, "env steps collected before the first update")
     updates_per_step: float = _f(1.0, "gradient updates per env step (replay ratio)")
-    n_step: int = _f(1, "n-step returns")
     weight_sync_every: int = _f(1, "publish weights to EnvRunners every N updates")
-    rollout_fragment_length: int = _f(1, "env steps per env per EnvRunner sample call")
+    env_steps_per_sync: int = _f(
+        4, "vector env steps per EnvRunner request (transitions travel in these batches)"
+    )
+    torch_compile: bool = _f(False, "torch.compile the fused update (GPU learners only)")
+    bf16_autocast: bool = _f(False, "bf16 autocast in the update (GPU learners only)")
 
 
 ALGOS: Dict[str, type] = {"ppo": PPOConfig, "appo": APPOConfig, "sac": SACConfig}
@@ -156,6 +159,13 @@ class ResourcesConfig:
         None, "GPUs per Learner (null: 1 if this machine or cluster has a GPU, else 0)"
     )
     num_cpus_per_learner: float = _f(1.0, "CPUs reserved per Learner")
+    custom_resources_per_env_runner: Dict[str, float] = _f(
+        help="Ray custom resources each EnvRunner needs (places them on matching nodes)",
+        factory=dict,
+    )
+    custom_resources_per_learner: Dict[str, float] = _f(
+        help="Ray custom resources each Learner needs (e.g. {raylab_learner: 1})", factory=dict
+    )
     ray_address: Optional[str] = _f(
         None, "Ray cluster to join (null: RAY_ADDRESS if set, else start Ray in-process)"
     )

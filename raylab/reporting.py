@@ -236,6 +236,9 @@ class RaylabTuneCallback(tune.Callback):
         )
         if self.progress is not None:
             self.progress(trial, result, metrics)
+        from raylab.dashboard import export_result  # Ray dashboard gauges (never raises)
+
+        export_result(run["dir"].path, trial.trial_id, metrics)
 
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
         run = self._run(trial)

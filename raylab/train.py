@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -27,21 +26,111 @@ def _say(msg: str) -> None:
     print(f"raylab: {msg}", file=sys.stderr, flush=True)
 
 
+# Set by Ray's job supervisor for the entrypoint of a submitted job (`ray job submit`), next
+# to RAY_ADDRESS (the cluster's GCS address). Its value is the job's runtime_env and metadata.
+JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+_DRIVER_ENV_VARS = {"PYTHONWARNINGS": "ignore::DeprecationWarning"}
+
+
+def _job_env_vars() -> Optional[dict]:
+    """The env_vars of the submitted job's runtime_env; None outside a Ray job."""
+    raw = os.environ.get(JOB_CONFIG_ENV_VAR)
+    if raw is None:
+        return None
+    try:
+        job_env = (json.loads(raw).get("runtime_env") or {}).get("env_vars") or {}
+    except (ValueError, AttributeError):
+        job_env = {}
+    return dict(job_env)
+
+
+def _join_error(address: str, err: BaseException) -> UserError:
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    first = first.split(". ")[0].rstrip(".")  # Ray's messages go on with generic advice
+    token_hint = (
+        "set RAY_AUTH_MODE=token and the cluster's token in RAY_AUTH_TOKEN (or a file named by "
+        "RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token)"
+    )
+    if "authentication" in first.lower() or "token" in first.lower():
+        hint = f"the cluster uses token authentication: {token_hint}"
+    else:
+        hint = (
+            "is it running (`ray start --head`) and is resources.ray_address / RAY_ADDRESS "
+            f"right? With token authentication (Ray's default) {token_hint}"
+        )
+    return UserError(f"cannot join the Ray cluster at {address}: {first}; {hint}")
+
+
+def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Fail fast (one line) when a host:port cluster address does not answer.
+
+    Ray itself retries an unreachable GCS for minutes. ``auto`` and ``ray://`` addresses are
+    left to Ray.
+    """
+    import socket
+
+    if address == "auto" or "://" in address or address.count(":") != 1:
+        return
+    host, _, port = address.partition(":")
+    if not port.isdigit():
+        raise UserError(f"bad Ray address '{address}': expected host:port, auto or ray://host:port")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise _join_error(address, ConnectionError(e.strerror or str(e))) from None
+
+
 def init_ray(cfg: DictConfig) -> dict:
-    """Join the cluster named by resources.ray_address / RAY_ADDRESS, or start Ray here."""
+    """Join the cluster named by resources.ray_address / RAY_ADDRESS, or start Ray here.
+
+    - ``resources.ray_address`` (an address, ``auto`` or ``ray://...``) wins over ``RAY_ADDRESS``.
+    - Inside a submitted Ray job the job supervisor sets ``RAY_ADDRESS`` to the cluster, so
+      ``raylab train`` joins it. A job never starts a Ray of its own: with no address there
+      it stops with one line.
+    - With no address at all, a private local Ray starts in this process (``address="local"``:
+      never attached by accident to some other ``ray start`` cluster on this machine).
+    """
     import ray
 
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # only raylab writes logs
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # raylab's handler stops gracefully
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    # Tune snapshots the experiment state (which checkpoint `--resume` restores) at most every
+    # 10 s by default; a driver killed in between resumes from an older checkpoint than the
+    # newest one on disk. Every 5 s keeps that window short at a negligible cost.
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "5")
     if ray.is_initialized():
         return ray.cluster_resources()
-    address = cfg.resources.ray_address or os.environ.get("RAY_ADDRESS")
-    runtime_env = {"env_vars": {"PYTHONWARNINGS": "ignore::DeprecationWarning"}}
+    address = cfg.resources.ray_address or os.environ.get("RAY_ADDRESS") or None
+    job_env = _job_env_vars()
+    # A job's runtime_env is merged with the driver's by Ray, which refuses a key set twice:
+    # the job's own env_vars win.
+    env_vars = {k: v for k, v in _DRIVER_ENV_VARS.items() if k not in (job_env or {})}
+    runtime_env = {"env_vars": env_vars} if env_vars else None
     if address:
-        _say(f"joining Ray cluster at {address}")
-        ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+        _say(f"joining Ray cluster at {address}" + (" (Ray job)" if job_env is not None else ""))
+        _check_reachable(address)
+        try:
+            ray.init(
+                address=address, runtime_env=runtime_env, log_to_driver=True,
+                logging_level="ERROR",
+            )
+        except (ConnectionError, TimeoutError, ray.exceptions.AuthenticationError) as e:
+            raise _join_error(address, e) from None
+        except RuntimeError as e:  # e.g. "Failed to connect to GCS ..."
+            raise _join_error(address, e) from None
+        if job_env is not None and not (cfg.training.log_dir or cfg.training.log_root):
+            _say(
+                "inside a Ray job without training.log_root: the run directory is on the "
+                f"node that runs the job driver, under {os.getcwd()}; pass "
+                "training.log_root=/shared/path to keep it"
+            )
+    elif job_env is not None:
+        raise UserError(
+            "running inside a Ray job but RAY_ADDRESS is empty and resources.ray_address is "
+            "null: refusing to start a second Ray; set resources.ray_address=auto"
+        )
     else:
         r = cfg.resources
         need = 1 + r.num_env_runners * r.num_cpus_per_env_runner
@@ -50,6 +139,7 @@ def init_ray(cfg: DictConfig) -> dict:
         # default layout (the OS shares the cores; nothing waits for a free "CPU" forever).
         num_cpus = max(os.cpu_count() or 1, int(need + 0.999))
         ray.init(
+            address="local",
             num_cpus=num_cpus,
             include_dashboard=bool(cfg.resources.dashboard),
             runtime_env=runtime_env,
@@ -62,33 +152,10 @@ def init_ray(cfg: DictConfig) -> dict:
 def algorithm_class(name: str):
     from ray.rllib.algorithms.appo import APPO
     from ray.rllib.algorithms.ppo import PPO
-    from ray.rllib.algorithms.sac import SAC
 
-    return {"ppo": PPO, "appo": APPO, "sac": SAC}[name]
+    from raylab.algorithms.sac import RaylabSAC
 
-
-def _progress_printer(every_s: float = 5.0):
-    state = {"last": 0.0}
-
-    def progress(trial, result, metrics):
-        from raylab.metrics import schema as S
-
-        now = time.time()
-        if now - state["last"] < every_s:
-            return
-        state["last"] = now
-        rew = metrics.get(S.TRAIN_MEAN_REWARD)
-        fps = metrics.get(S.PERF_TOTAL_FPS)
-        print(
-            f"iter {int(result.get('training_iteration', 0)):>5}  "
-            f"steps {int(result['env_runners'].get('num_env_steps_sampled_lifetime', 0)):>10,}  "
-            f"steps/s {fps or 0:>8,.0f}  "
-            f"reward {('%.2f' % rew) if rew is not None else '-':>9}  "
-            f"time {result.get('time_total_s', 0):>6.0f}s",
-            flush=True,
-        )
-
-    return progress
+    return {"ppo": PPO, "appo": APPO, "sac": RaylabSAC}[name]
 
 
 def run_training(cfg: DictConfig, run_dir: Path, resume: bool = False):
@@ -97,6 +164,7 @@ def run_training(cfg: DictConfig, run_dir: Path, resume: bool = False):
 
     from raylab.algorithms.build import build_algorithm_config, resolve_num_gpus_per_learner
     from raylab.reporting import BudgetStopper, RaylabTuneCallback, StopRequest
+    from raylab.terminal import make_reporter
 
     resources = init_ray(cfg)
     gpus = resolve_num_gpus_per_learner(cfg, resources.get("GPU", 0.0))
@@ -104,6 +172,9 @@ def run_training(cfg: DictConfig, run_dir: Path, resume: bool = False):
     config_dict = to_dict(cfg)
     trainable = algorithm_class(cfg.algo.name)
     StopRequest.install()
+    # The terminal panel / progress lines; a resumed experiment keeps the reporter Tune saved
+    # with its callback (it prints plain progress lines).
+    reporter = None if resume else make_reporter(config_dict, num_gpus_per_learner=gpus)
 
     if resume:
         tuner = tune.Tuner.restore(
@@ -113,7 +184,7 @@ def run_training(cfg: DictConfig, run_dir: Path, resume: bool = False):
     else:
         callback = RaylabTuneCallback(
             run_dir_for=lambda trial: (run_dir, config_dict),
-            progress=_progress_printer(),
+            progress=reporter,
         )
         tuner = tune.Tuner(
             trainable,
@@ -131,7 +202,11 @@ def run_training(cfg: DictConfig, run_dir: Path, resume: bool = False):
                 verbose=0,
             ),
         )
-    return tuner.fit()
+    try:
+        return tuner.fit()
+    finally:
+        if reporter is not None:
+            reporter.close()  # stop the live panel (also on Ctrl-C), print the summary
 
 
 def train(algo: str, task: str, sim: str, overrides, resume: Optional[str] = None) -> int:

@@ -63,7 +63,12 @@ def test_units_follow_the_suffix_rule():
 def test_spec_fields_and_raylab_specific_phases():
     ept = schema.TAGS[schema.PERF_LEARNER_EPISODE_TRANSFER_MS]
     assert ept.kind == "main_phase" and ept.owner == "learner"
-    assert ept.algorithms == frozenset({"ppo", "appo", "sac"})
+    # Only PPO's learner resolves episode refs on its main thread; APPO does it on the
+    # request thread beside the learner thread (background ingest).
+    assert ept.algorithms == frozenset({"ppo"})
+    assert schema.PERF_LEARNER_EPISODE_TRANSFER_MS not in schema.LEARNER_MAIN_PHASES["appo"]
+    # Learner-owned inference is registered but reserved: raylab's EnvRunners own inference.
+    assert schema.TAGS[schema.PERF_LEARNER_INFERENCE_MS].algorithms == frozenset()
     wb = schema.TAGS[schema.PERF_WEIGHT_BROADCAST_MS]
     assert wb.kind == "runner" and wb.owner == "runner"
     assert all(wb.name not in phases for phases in schema.LEARNER_MAIN_PHASES.values())
@@ -80,10 +85,15 @@ def test_learner_main_phases_are_ordered_per_algorithm():
     assert set(schema.LEARNER_MAIN_PHASES) == {"ppo", "appo", "sac"}
     appo = schema.LEARNER_MAIN_PHASES["appo"]
     assert appo[0] == schema.PERF_LEARNER_COLLECTOR_WAIT_MS
-    assert appo.index(schema.PERF_LEARNER_REPLAY_STAGE_MS) < appo.index(
-        schema.PERF_LEARNER_REPLAY_SAMPLE_MS) < appo.index(schema.PERF_LEARNING_TIME)
-    assert schema.PERF_LEARNER_WEIGHT_PUBLISH_MS in appo
-    assert schema.PERF_LEARNER_REPLAY_STAGE_MS not in schema.LEARNER_MAIN_PHASES["sac"]
+    assert appo.index(schema.PERF_LEARNER_REPLAY_SAMPLE_MS) < appo.index(
+        schema.PERF_LEARNING_TIME) < appo.index(schema.PERF_LEARNER_WEIGHT_PUBLISH_MS)
+    ppo = schema.LEARNER_MAIN_PHASES["ppo"]
+    assert ppo.index(schema.PERF_LEARNER_EPISODE_TRANSFER_MS) < ppo.index(
+        schema.PERF_LEARNER_REPLAY_STAGE_MS) < ppo.index(schema.PERF_LEARNING_TIME)
+    sac = schema.LEARNER_MAIN_PHASES["sac"]
+    assert sac.index(schema.PERF_LEARNER_REPLAY_BATCH_WAIT_MS) < sac.index(
+        schema.PERF_LEARNER_REPLAY_SAMPLE_MS) < sac.index(schema.PERF_LEARNING_TIME)
+    assert schema.PERF_LEARNER_REPLAY_STAGE_MS not in sac
     for phases in schema.LEARNER_MAIN_PHASES.values():
         assert schema.PERF_ITERATION_TIME not in phases
         assert all(schema.TAGS[p].kind == "main_phase" for p in phases)

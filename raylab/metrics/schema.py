@@ -209,6 +209,10 @@ def _spec(name, owner, unit, aggregation, algorithms, description, **kw) -> Metr
 
 _PPO, _APPO, _SAC = ("ppo",), ("appo",), ("sac",)
 _OFF_POLICY = ("appo", "sac")
+# Learner-owned inference (the learner answers the collector's action requests) is part of the
+# contract, but no raylab algorithm has that path: raylab's EnvRunners run their own policy
+# copy. These tags are registered, documented and emitted by nobody.
+_RESERVED: Tuple[str, ...] = ()
 
 _SPECS: Tuple[MetricSpec, ...] = (
     # ----------------------------------------------------------------------- progress
@@ -234,30 +238,30 @@ _SPECS: Tuple[MetricSpec, ...] = (
           "Learner main thread waiting for this iteration's data: PPO the synchronous "
           "EnvRunner sample, APPO the next batch in the learner queue, SAC enough new env steps "
           "for the replay ratio", kind="main_phase"),
-    _spec(PERF_LEARNER_EPISODE_TRANSFER_MS, "learner", "ms", "mean", _ALL,
+    _spec(PERF_LEARNER_EPISODE_TRANSFER_MS, "learner", "ms", "mean", _PPO,
           "Learner main thread resolving and deserialising the episodes EnvRunners sent "
           "through Ray's object store (raylab; the learner does not own the collector)",
           kind="main_phase"),
-    _spec(PERF_LEARNER_INFERENCE_MS, "learner", "ms", "mean", _SAC,
+    _spec(PERF_LEARNER_INFERENCE_MS, "learner", "ms", "mean", _RESERVED,
           "Learner-owned inference for the collectors (observation H2D, actor forward, action "
           "D2H); only when the learner serves actions, EnvRunners that infer locally do not "
           "emit it", kind="main_phase"),
-    _spec(PERF_LEARNER_COLLECTOR_RELEASE_MS, "learner", "ms", "mean", _SAC,
+    _spec(PERF_LEARNER_COLLECTOR_RELEASE_MS, "learner", "ms", "mean", _RESERVED,
           "Publishing the action response to the waiting collector (learner-owned inference); "
           "long only when the response queue has not drained", kind="main_phase"),
     _spec(PERF_LEARNER_REPLAY_BATCH_WAIT_MS, "learner", "ms", "mean", _SAC,
           "Waiting for the prefetched device replay batch; near zero on a prefetch hit",
           kind="main_phase"),
-    _spec(PERF_LEARNER_REPLAY_STAGE_MS, "learner", "ms", "mean", _APPO,
-          "Materialising newly arrived rollouts into the learner's staging pool / circular "
-          "buffer, synchronously on the main thread", kind="main_phase"),
+    _spec(PERF_LEARNER_REPLAY_STAGE_MS, "learner", "ms", "mean", _PPO,
+          "Turning the arrived episodes into the train batch (learner connector: GAE, value "
+          "targets), synchronously on the main thread", kind="main_phase"),
     _spec(PERF_LEARNER_REPLAY_SAMPLE_MS, "learner", "ms", "mean", _OFF_POLICY,
           "Acquiring the ready training batch from the replay / circular buffer",
           kind="main_phase"),
     _spec(PERF_LEARNING_TIME, "learner", "s", "mean", _ALL,
           "Wall time of the learner update phase (forward, backward, optimizer steps)",
           kind="main_phase"),
-    _spec(PERF_LEARNER_WEIGHT_PUBLISH_MS, "learner", "ms", "mean", _APPO,
+    _spec(PERF_LEARNER_WEIGHT_PUBLISH_MS, "learner", "ms", "mean", _OFF_POLICY,
           "Learner main thread making fresh weights available for the broadcast to EnvRunners",
           kind="main_phase"),
     _spec(PERF_ITERATION_TIME, "learner", "s", "mean", _ALL,
@@ -265,13 +269,13 @@ _SPECS: Tuple[MetricSpec, ...] = (
           "100% row of the learner timeline; emitted only when the complete wall was measured",
           kind="wall"),
     # ------------------------------------------------------------------ learner nested, background
-    _spec(PERF_LEARNER_INFERENCE_H2D_MS, "learner", "ms", "mean", _SAC,
+    _spec(PERF_LEARNER_INFERENCE_H2D_MS, "learner", "ms", "mean", _RESERVED,
           "Observation copy to the learner device", kind="nested",
           parent=PERF_LEARNER_INFERENCE_MS),
-    _spec(PERF_LEARNER_INFERENCE_FORWARD_MS, "learner", "ms", "mean", _SAC,
+    _spec(PERF_LEARNER_INFERENCE_FORWARD_MS, "learner", "ms", "mean", _RESERVED,
           "Actor forward pass including the device synchronisation", kind="nested",
           parent=PERF_LEARNER_INFERENCE_MS),
-    _spec(PERF_LEARNER_INFERENCE_D2H_MS, "learner", "ms", "mean", _SAC,
+    _spec(PERF_LEARNER_INFERENCE_D2H_MS, "learner", "ms", "mean", _RESERVED,
           "Action copy back to host memory", kind="nested", parent=PERF_LEARNER_INFERENCE_MS),
     _spec(PERF_DP_GRADIENT_SYNC_MS_PER_RANK, "learner", "ms", "mean", _ALL,
           "Time one learner rank spends all-reducing gradients with the other ranks, inside "
@@ -287,10 +291,10 @@ _SPECS: Tuple[MetricSpec, ...] = (
           "building batches while the learner thread trains (raylab); overlaps the main "
           "timeline", kind="background"),
     # ----------------------------------------------------------------------- collector (EnvRunner)
-    _spec(PERF_COLLECTOR_INFERENCE_REQUEST_MS, "collector", "ms", "mean", _SAC,
+    _spec(PERF_COLLECTOR_INFERENCE_REQUEST_MS, "collector", "ms", "mean", _RESERVED,
           "Publishing observations / dones to the learner-owned inference and notifying it",
           kind="collector"),
-    _spec(PERF_COLLECTOR_LEARNER_ACTION_WAIT_MS, "collector", "ms", "mean", _SAC,
+    _spec(PERF_COLLECTOR_LEARNER_ACTION_WAIT_MS, "collector", "ms", "mean", _RESERVED,
           "From request publication until the learner returns this tick's action; includes any "
           "remaining learner update, not only inference latency", kind="collector"),
     _spec(PERF_COLLECTOR_MLP_INFER_MS, "collector", "ms", "mean", _ALL,
@@ -358,27 +362,28 @@ FAMILIES: Dict[str, MetricSpec] = {s.family_prefix: s for s in _SPECS if s.is_fa
 """Family prefix (``reward/``) -> its spec."""
 
 LEARNER_MAIN_PHASES: Dict[str, Tuple[str, ...]] = {
+    # PPO: the Learner actor's request thread; one update() call per iteration.
     "ppo": (
         PERF_LEARNER_COLLECTOR_WAIT_MS,
         PERF_LEARNER_EPISODE_TRANSFER_MS,
+        PERF_LEARNER_REPLAY_STAGE_MS,
         PERF_LEARNING_TIME,
     ),
+    # APPO: RLlib's learner thread; episodes are resolved and staged on the request thread
+    # beside it (Perf/learner_ingest_ms, background).
     "appo": (
         PERF_LEARNER_COLLECTOR_WAIT_MS,
-        PERF_LEARNER_EPISODE_TRANSFER_MS,
-        PERF_LEARNER_REPLAY_STAGE_MS,
         PERF_LEARNER_REPLAY_SAMPLE_MS,
         PERF_LEARNING_TIME,
         PERF_LEARNER_WEIGHT_PUBLISH_MS,
     ),
+    # SAC: raylab's device-replay update thread; one gradient update per iteration.
     "sac": (
         PERF_LEARNER_COLLECTOR_WAIT_MS,
-        PERF_LEARNER_EPISODE_TRANSFER_MS,
-        PERF_LEARNER_INFERENCE_MS,
-        PERF_LEARNER_COLLECTOR_RELEASE_MS,
         PERF_LEARNER_REPLAY_BATCH_WAIT_MS,
         PERF_LEARNER_REPLAY_SAMPLE_MS,
         PERF_LEARNING_TIME,
+        PERF_LEARNER_WEIGHT_PUBLISH_MS,
     ),
 }
 """Per algorithm, in timeline order, the mutually exclusive learner main-thread phases.
@@ -688,7 +693,7 @@ def _check_registry() -> None:
         assert spec.unit in UNITS, spec
         assert spec.aggregation in AGGREGATIONS, spec
         assert spec.kind in KINDS, spec
-        assert spec.algorithms and spec.algorithms <= _ALL, spec
+        assert spec.algorithms <= _ALL, spec  # empty: reserved, no raylab algorithm emits it
         if spec.is_family:
             continue
         ms_name = spec.name.endswith("_ms") or spec.name.endswith("_ms_per_rank")

@@ -34,6 +34,11 @@ def _register() -> None:
 
 
 # task name -> (single-env entry point, vector entry point); filled as tasks land.
-_ENTRY_POINTS: dict = {}
+_ENTRY_POINTS: dict = {
+    "microduck_balance": (
+        "raylab.envs.microduck:MicroduckBalanceEnv",
+        "raylab.envs.microduck_vec:MicroduckBalanceVecEnv",
+    ),
+}
 
 _register()

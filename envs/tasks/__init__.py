@@ -44,6 +44,12 @@ class MicroduckBalanceConfig(EnvConfig):
     sensor_noise: bool = _f(False, "Gaussian noise on gyro and orientation")
     domain_randomization: bool = _f(False, "randomise servos, masses, friction, latency, noise")
     autoreset_mode: str = _f("next_step", "vector autoreset", ("next_step", "same_step"))
+    info_mode: str = _f(
+        "none",
+        "vector env infos: none = {} (RLlib-safe; reward/termination stats via pop_log), "
+        "full = per-env arrays plus infos['log']",
+        ("none", "full"),
+    )
     allow_overcommit: bool = _f(False, "allow num_threads above 8 or above the machine's cores")
 
 

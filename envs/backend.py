@@ -1,0 +1,271 @@
+"""The batched MuJoCo backend: N envs of one model stepped on T threads of one process.
+
+- One ``MjModel`` copy per env, so domain randomisation writes stay private to that env.
+- One persistent ``MjData`` per env: the constraint solver's warm start carries over from one
+  control step to the next exactly as in a single env stepped on its own.
+- A fixed pool: env i always runs on thread ``i mod T`` (thread 0 is the caller). Each env's
+  physics is a function of its own model, data and inputs only, so the thread count never
+  changes a bit.
+- ``mujoco.mj_step`` and ``mujoco.mj_forward`` release the GIL, so the threads overlap the
+  physics; the little Python between calls (writing ctrl, copying sensordata out) is short.
+- Per control step and env: write ctrl, optionally add a velocity kick, ``mj_step(m, d, n)``,
+  ``mj_forward(m, d)`` (so every sensor is evaluated on the post-step state), copy
+  ``d.sensordata`` into row i of a preallocated (N, nsensordata) array.
+
+``mujoco.rollout`` is deliberately not used: it does not carry the solver warm start across
+calls, so it differs from a persistent-MjData loop in the last bits.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import threading
+import time
+from typing import Callable, List, Optional
+
+import mujoco
+import numpy as np
+
+MAX_THREADS = 8
+
+
+def thread_limit() -> int:
+    """The default cap on physics threads: 8, or fewer when the machine has fewer cores."""
+    return min(MAX_THREADS, os.cpu_count() or 1)
+
+
+def check_num_threads(num_threads: int, allow_overcommit: bool = False) -> int:
+    """Validate a thread count; above the limit only with ``allow_overcommit=True``."""
+    if isinstance(num_threads, bool) or not isinstance(num_threads, (int, np.integer)):
+        raise ValueError(f"num_threads must be an integer, got {num_threads!r}")
+    num_threads = int(num_threads)
+    if num_threads < 1:
+        raise ValueError(f"num_threads={num_threads} is invalid; it must be at least 1")
+    limit = thread_limit()
+    if num_threads > limit and not allow_overcommit:
+        raise ValueError(
+            f"num_threads={num_threads} is above the limit of {limit} "
+            f"(min({MAX_THREADS}, os.cpu_count()={os.cpu_count()})); "
+            f"pass allow_overcommit=True to run more threads anyway"
+        )
+    return num_threads
+
+
+class WorkerPool:
+    """T-1 persistent worker threads plus the calling thread; ``run(task)`` calls ``task(k)``
+    on thread k for k = 0..T-1 (k = 0 is the caller) and returns when all are done."""
+
+    def __init__(self, num_threads: int):
+        self.num_threads = num_threads
+        self._task: Optional[Callable[[int], None]] = None
+        self._go = [threading.Semaphore(0) for _ in range(num_threads - 1)]
+        self._done = threading.Semaphore(0)
+        self._errors: List[BaseException] = []
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._loop, args=(k,), name=f"raylab-physics-{k}", daemon=True)
+            for k in range(1, num_threads)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _loop(self, k: int) -> None:
+        go = self._go[k - 1]
+        while True:
+            go.acquire()
+            task = self._task
+            if task is None:
+                self._done.release()
+                return
+            try:
+                task(k)
+            except BaseException as e:  # re-raised in the caller
+                self._errors.append(e)
+            finally:
+                self._done.release()
+
+    def run(self, task: Callable[[int], None]) -> None:
+        if self._closed:
+            raise RuntimeError("the physics worker pool is closed")
+        self._task = task
+        for go in self._go:
+            go.release()
+        try:
+            task(0)
+        finally:
+            for _ in self._go:
+                self._done.acquire()
+            self._task = None
+        if self._errors:
+            err = self._errors[0]
+            self._errors.clear()
+            raise err
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._task = None
+        for go in self._go:
+            go.release()
+        for t in self._threads:
+            t.join(timeout=5.0)
+
+
+class BatchedMujoco:
+    """N copies of ``prototype`` with persistent MjData, stepped on a fixed thread pool.
+
+    After every :meth:`step` / :meth:`reset_env`, row i of :attr:`sensordata` holds env i's
+    ``d.sensordata`` evaluated on its current state.
+    """
+
+    def __init__(
+        self,
+        prototype: mujoco.MjModel,
+        num_envs: int,
+        num_threads: int = 1,
+        nsubsteps: int = 10,
+        allow_overcommit: bool = False,
+        kick_dofs: Optional[slice] = None,
+    ):
+        if num_envs < 1:
+            raise ValueError(f"num_envs={num_envs} is invalid; it must be at least 1")
+        self.num_envs = int(num_envs)
+        self.num_threads = check_num_threads(num_threads, allow_overcommit)
+        self.nsubsteps = int(nsubsteps)
+        self.prototype = prototype
+        self.models = [copy.copy(prototype) for _ in range(self.num_envs)]
+        self.datas = [mujoco.MjData(m) for m in self.models]
+        # Persistent numpy views into each MjData (they alias its buffers).
+        self._ctrl = [d.ctrl for d in self.datas]
+        self._qvel = [d.qvel for d in self.datas]
+        self._sensordata = [d.sensordata for d in self.datas]
+        self.sensordata = np.zeros((self.num_envs, prototype.nsensordata))
+        self.kick_dofs = kick_dofs if kick_dofs is not None else slice(0, 0)
+        # Thread k owns envs k, k + T, k + 2T, ...; threads beyond N would have nothing to do.
+        self._pool = WorkerPool(min(self.num_threads, self.num_envs))
+        self._owned = owned_envs(self.num_envs, self.num_threads)
+        # Inputs of the step being run (read by the workers).
+        self._in_ctrl: np.ndarray = np.zeros((self.num_envs, prototype.nu))
+        self._in_active: np.ndarray = np.ones(self.num_envs, dtype=bool)
+        self._in_kick_mask: np.ndarray = np.zeros(self.num_envs, dtype=bool)
+        self._in_kick: np.ndarray = np.zeros((self.num_envs, 0))
+
+    # -- reset -----------------------------------------------------------------------------
+
+    def reset_env(
+        self, i: int, key_id: int, qpos: np.ndarray, qvel: np.ndarray, ctrl: np.ndarray
+    ) -> None:
+        """Keyframe reset of env i, then the given state, one ``mj_forward``, sensordata out.
+
+        Runs on the calling thread; the model must already hold this episode's parameters.
+        """
+        m, d = self.models[i], self.datas[i]
+        mujoco.mj_resetDataKeyframe(m, d, key_id)
+        d.qpos[:] = qpos
+        d.qvel[:] = qvel
+        d.ctrl[:] = ctrl
+        mujoco.mj_forward(m, d)
+        self.sensordata[i] = self._sensordata[i]
+
+    # -- step ------------------------------------------------------------------------------
+
+    def step(
+        self,
+        ctrl: np.ndarray,
+        active: np.ndarray,
+        kick_mask: Optional[np.ndarray] = None,
+        kick: Optional[np.ndarray] = None,
+    ) -> None:
+        """One control step of every active env: ctrl, optional qvel kick on ``kick_dofs``,
+        ``nsubsteps`` x ``mj_step``, ``mj_forward``, sensordata into :attr:`sensordata`."""
+        self._in_ctrl = ctrl
+        self._in_active = active
+        if kick_mask is None:
+            self._in_kick_mask = np.zeros(self.num_envs, dtype=bool)
+        else:
+            self._in_kick_mask = kick_mask
+            self._in_kick = kick
+        self._pool.run(self._step_owned)
+
+    def _step_owned(self, k: int) -> None:
+        models, datas, nsub = self.models, self.datas, self.nsubsteps
+        ctrl, active, kick_mask, kick = (
+            self._in_ctrl, self._in_active, self._in_kick_mask, self._in_kick
+        )
+        kd = self.kick_dofs
+        out = self.sensordata
+        for i in self._owned[k]:
+            if not active[i]:
+                continue
+            self._ctrl[i][:] = ctrl[i]
+            if kick_mask[i]:
+                self._qvel[i][kd] += kick[i]
+            mujoco.mj_step(models[i], datas[i], nsub)
+            mujoco.mj_forward(models[i], datas[i])
+            out[i] = self._sensordata[i]
+
+    def bare_step(self, ctrl: Optional[np.ndarray] = None) -> None:
+        """Physics alone, for benchmarks: ``nsubsteps`` x ``mj_step`` of every env on the same
+        threads. With ``ctrl`` (N, nu), each env's controls are set first, so the physics sees the
+        same kind of inputs as under a policy (a 14-float copy per env, nothing else)."""
+        self._in_ctrl = ctrl
+        self._pool.run(self._bare_owned)
+
+    def _bare_owned(self, k: int) -> None:
+        models, datas, nsub, ctrl = self.models, self.datas, self.nsubsteps, self._in_ctrl
+        for i in self._owned[k]:
+            if ctrl is not None:
+                self._ctrl[i][:] = ctrl[i]
+            mujoco.mj_step(models[i], datas[i], nsub)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def bare_physics_rate(
+    prototype: mujoco.MjModel,
+    num_envs: int,
+    num_threads: int,
+    seconds: float = 5.0,
+    nsubsteps: int = 10,
+    key_id: int = 0,
+    allow_overcommit: bool = False,
+) -> float:
+    """Env-steps/s of ``num_envs`` x ``nsubsteps`` mj_step on ``num_threads`` threads, nothing else.
+
+    A stand-alone measurement a later ``raylab bench`` can call; the Microduck throughput
+    script times the same ``BatchedMujoco.bare_step`` in alternation with the full env.
+    """
+    sim = BatchedMujoco(prototype, num_envs, num_threads, nsubsteps, allow_overcommit)
+    try:
+        for m, d in zip(sim.models, sim.datas):
+            mujoco.mj_resetDataKeyframe(m, d, key_id)
+        sim.bare_step()
+        steps, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            sim.bare_step()
+            steps += 1
+        return steps * num_envs / (time.perf_counter() - t0)
+    finally:
+        sim.close()
+
+
+def model_bytes(model: mujoco.MjModel) -> bytes:
+    """The model's complete binary image (``mj_saveModel``), for byte-for-byte comparisons."""
+    buf = np.zeros(mujoco.mj_sizeModel(model), dtype=np.uint8)
+    mujoco.mj_saveModel(model, None, buf)
+    return buf.tobytes()
+
+
+def owned_envs(num_envs: int, num_threads: int) -> List[List[int]]:
+    """The fixed assignment: thread k runs envs k, k + T, k + 2T, ... (env i on thread i mod T)."""
+    t = min(num_threads, num_envs)
+    return [list(range(k, num_envs, t)) for k in range(t)]

@@ -1,0 +1,290 @@
+"""Term tables for batched tasks: observations, rewards, terminations, commands and events.
+
+A task is a handful of small declarative tables. Each term is a plain function of the batched
+env that returns one value (or one row) per env, computed for all N envs at once with NumPy:
+
+    REWARDS = (
+        RewardTerm("upright", upright, weight=1.0),
+        RewardTerm("action_rate", action_rate, weight=-0.05),
+    )
+
+Adding a reward term is one function plus one line in such a table. The managers below turn
+the tables into arrays, keep the per-term logging sums, and hand them out with ``pop_log()``:
+
+- ``reward/<term>``: mean over envs and over the env-steps since the last pop of raw value x
+  weight (envs that were being reset on a step are not counted on that step);
+- ``Episode_Termination/<term>``: number of episodes ended by that term since the last pop.
+
+Tag strings come from the canonical metrics schema's family helpers
+(``raylab.metrics.schema.reward_tag`` / ``termination_tag``), imported in one place below.
+
+Arithmetic note: the batched env must equal the single-env reference bit for bit. Term
+functions therefore stay elementwise per env, and any reduction over a term's channels runs
+along the last (contiguous) axis of a C-contiguous (N, k) array, which numpy sums with the same
+pairwise tree as the reference's 1-D (k,) reduction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+
+# Tag names belong to the canonical metrics schema; these two family helpers are the only way
+# this package builds them (re-exported for the envs).
+from raylab.metrics.schema import reward_tag, termination_tag  # noqa: F401
+
+TermFn = Callable[[Any], np.ndarray]
+
+
+# ---------------------------------------------------------------------------------------------
+# Observations
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ObsTerm:
+    """``fn(env) -> (N, size)`` float64; the observation is ``raw * scale`` with a float32 scale."""
+
+    name: str
+    fn: TermFn
+    size: int
+    scale: float = 1.0
+
+
+class ObservationManager:
+    """Concatenates the terms in table order, scales them and casts to float32.
+
+    The scale table is float32 (as the reference's constants are); multiplying the float64 raw
+    values by it promotes each constant to float64 exactly as numpy does for the reference.
+    """
+
+    def __init__(self, terms: Sequence[ObsTerm], num_envs: int):
+        _check_unique(terms, "observation")
+        self.terms = tuple(terms)
+        self.dim = sum(t.size for t in self.terms)
+        self.scale = np.concatenate(
+            [np.full(t.size, t.scale, dtype=np.float32) for t in self.terms]
+        )
+        self.slices: Dict[str, slice] = {}
+        start = 0
+        for t in self.terms:
+            self.slices[t.name] = slice(start, start + t.size)
+            start += t.size
+        self._raw = np.zeros((num_envs, self.dim))
+        self.obs = np.zeros((num_envs, self.dim), dtype=np.float32)
+
+    def compute(self, env) -> np.ndarray:
+        """Fill and return the preallocated (N, dim) float32 buffer (callers copy it out)."""
+        for t in self.terms:
+            self._raw[:, self.slices[t.name]] = t.fn(env)
+        np.multiply(self._raw, self.scale, out=self._raw)
+        self.obs[:] = self._raw
+        return self.obs
+
+
+# ---------------------------------------------------------------------------------------------
+# Rewards
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RewardTerm:
+    """``fn(env) -> (N,)`` raw value; the env's reward adds ``weight * raw`` in table order."""
+
+    name: str
+    fn: TermFn
+    weight: float
+
+
+class RewardManager:
+    def __init__(self, terms: Sequence[RewardTerm], num_envs: int):
+        _check_unique(terms, "reward")
+        self.terms = tuple(terms)
+        self.names = tuple(t.name for t in self.terms)
+        self.weighted = np.zeros((len(self.terms), num_envs))  # weight * raw, per term and env
+        self.total = np.zeros(num_envs)
+        self._sums = np.zeros(len(self.terms))
+        self._count = 0
+
+    def compute(self, env, active: np.ndarray) -> np.ndarray:
+        """Per-env reward; rows where ``active`` is False (envs being reset) are zero."""
+        self.total[:] = 0.0
+        for k, t in enumerate(self.terms):
+            self.weighted[k] = t.weight * t.fn(env)
+            self.total += self.weighted[k]
+        inactive = ~active
+        if inactive.any():
+            self.weighted[:, inactive] = 0.0
+            self.total[inactive] = 0.0
+        self._sums += self.weighted.sum(axis=1)
+        self._count += int(active.sum())
+        return self.total
+
+    def step_log(self, active: np.ndarray) -> Dict[str, float]:
+        """This step's ``reward/<term>``: mean over the active envs of raw x weight."""
+        n = int(active.sum())
+        if n == 0:
+            return {}
+        means = self.weighted[:, active].sum(axis=1) / n
+        return {reward_tag(name): float(v) for name, v in zip(self.names, means)}
+
+    def pop_log(self) -> Dict[str, float]:
+        """Means since the last pop; empty when no env-step was taken since then."""
+        out = {}
+        if self._count > 0:
+            out = {
+                reward_tag(name): float(s / self._count) for name, s in zip(self.names, self._sums)
+            }
+        self._sums[:] = 0.0
+        self._count = 0
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Terminations
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TerminationTerm:
+    """``fn(env) -> (N,) bool``. ``time_out`` terms truncate (the learner bootstraps), others terminate."""
+
+    name: str
+    fn: TermFn
+    time_out: bool = False
+
+
+class TerminationManager:
+    def __init__(self, terms: Sequence[TerminationTerm], num_envs: int):
+        _check_unique(terms, "termination")
+        self.terms = tuple(terms)
+        self.names = tuple(t.name for t in self.terms)
+        self.flags = np.zeros((len(self.terms), num_envs), dtype=bool)
+        self.terminated = np.zeros(num_envs, dtype=bool)
+        self.truncated = np.zeros(num_envs, dtype=bool)
+        self._counts = np.zeros(len(self.terms), dtype=np.int64)
+        self._step_counts = np.zeros(len(self.terms), dtype=np.int64)
+
+    def compute(self, env, active: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        self.terminated[:] = False
+        self.truncated[:] = False
+        for k, t in enumerate(self.terms):
+            self.flags[k] = np.asarray(t.fn(env), dtype=bool) & active
+            if t.time_out:
+                self.truncated |= self.flags[k]
+            else:
+                self.terminated |= self.flags[k]
+        self._step_counts = self.flags.sum(axis=1)
+        self._counts += self._step_counts
+        return self.terminated, self.truncated
+
+    def step_log(self) -> Dict[str, int]:
+        return {termination_tag(n): int(c) for n, c in zip(self.names, self._step_counts)}
+
+    def pop_log(self) -> Dict[str, int]:
+        out = {termination_tag(n): int(c) for n, c in zip(self.names, self._counts)}
+        self._counts[:] = 0
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands (joystick tasks): uniform targets resampled every few control steps
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CommandTerm:
+    """A command of ``len(ranges)`` channels, each uniform in its (low, high) range.
+
+    Every env redraws it after a number of control steps drawn uniformly from
+    ``resample_steps`` (inclusive), and with probability ``zero_prob`` the command is all zeros
+    (standing still). Draws use the env's own generator, so env i's commands depend only on its
+    seed, never on N or on the thread count.
+    """
+
+    name: str
+    ranges: Tuple[Tuple[float, float], ...]
+    resample_steps: Tuple[int, int] = (150, 300)
+    zero_prob: float = 0.0
+
+
+class CommandManager:
+    def __init__(self, terms: Sequence[CommandTerm], num_envs: int):
+        _check_unique(terms, "command")
+        self.terms = tuple(terms)
+        self.slices: Dict[str, slice] = {}
+        start = 0
+        for t in self.terms:
+            self.slices[t.name] = slice(start, start + len(t.ranges))
+            start += len(t.ranges)
+        self.command = np.zeros((num_envs, start))
+        self._countdown = np.zeros((len(self.terms), num_envs), dtype=np.int64)
+
+    def get(self, name: str) -> np.ndarray:
+        return self.command[:, self.slices[name]]
+
+    def _draw(self, k: int, i: int, rng: np.random.Generator) -> None:
+        t = self.terms[k]
+        lo = np.array([r[0] for r in t.ranges])
+        hi = np.array([r[1] for r in t.ranges])
+        value = rng.uniform(lo, hi)
+        if t.zero_prob > 0.0 and rng.random() < t.zero_prob:
+            value[:] = 0.0
+        self.command[i, self.slices[t.name]] = value
+        self._countdown[k, i] = rng.integers(t.resample_steps[0], t.resample_steps[1] + 1)
+
+    def reset(self, env_ids: Sequence[int], rngs: Sequence[np.random.Generator]) -> None:
+        for i in env_ids:
+            for k in range(len(self.terms)):
+                self._draw(k, int(i), rngs[int(i)])
+
+    def step(self, active: np.ndarray, rngs: Sequence[np.random.Generator]) -> None:
+        """Count down one control step for the active envs and redraw the commands that are due."""
+        if not self.terms:
+            return
+        self._countdown[:, active] -= 1
+        for k, i in zip(*np.nonzero(self._countdown <= 0)):
+            self._draw(int(k), int(i), rngs[int(i)])
+
+
+# ---------------------------------------------------------------------------------------------
+# Events: things done to envs at reset (initial state, domain randomisation) or every step (pushes)
+# ---------------------------------------------------------------------------------------------
+
+EVENT_MODES = ("reset", "step")
+
+
+@dataclass(frozen=True)
+class EventTerm:
+    """``fn(env, env_ids)``; "reset" terms run on the envs being reset (in table order),
+    "step" terms run on every step before physics with ``env_ids=None`` (all envs)."""
+
+    name: str
+    fn: Callable[[Any, Optional[np.ndarray]], None]
+    mode: str
+
+
+class EventManager:
+    def __init__(self, terms: Sequence[EventTerm]):
+        _check_unique(terms, "event")
+        for t in terms:
+            if t.mode not in EVENT_MODES:
+                raise ValueError(
+                    f"event term {t.name!r} has unknown mode {t.mode!r}; valid choices: "
+                    f"{', '.join(EVENT_MODES)}"
+                )
+        self.terms = tuple(terms)
+
+    def apply(self, mode: str, env, env_ids: Optional[np.ndarray] = None) -> None:
+        for t in self.terms:
+            if t.mode == mode:
+                t.fn(env, env_ids)
+
+
+def _check_unique(terms, kind: str) -> None:
+    names = [t.name for t in terms]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"duplicate {kind} term name(s): {', '.join(dup)}")

@@ -1,0 +1,699 @@
+"""Microduck balance: the robot model, the episode draw, and the reference single env.
+
+The reference env (:class:`MicroduckBalanceEnv`, ``gymnasium.make("raylab/MicroduckBalance-v0")``)
+is the specification of the task, written for clarity: one robot, one ``MjData``, plain NumPy.
+The batched env in :mod:`raylab.envs.microduck_vec` must equal it bit for bit given the same
+:class:`EpisodeParams` and the same actions (see :mod:`raylab.envs.contract`).
+
+What is shared between the two (written once, here): building the model and its variants, the
+name lookups (:class:`RobotIndex`), the options check, the episode draw
+(:func:`draw_episode_params`) and writing an episode's physics parameters into a model
+(:func:`apply_physics_params`). What is written twice and compared: the reset and step logic,
+latency, pushes, sensor noise, the observation and the rewards.
+
+One control step (50 Hz) of the reference env:
+
+1. check the action (shape (14,), finite); clip it to [-1, 1], counting clipped entries;
+2. latency: the servos get the action from ``latency`` control steps ago (zeros before that);
+3. ctrl = clip(stand + action_scale * delayed action, joint limits);
+4. if a push is scheduled at this step, add its (vx, vy) to the trunk's linear velocity;
+5. ``mj_step(m, d, 10)`` then ``mj_forward(m, d)``: every observation channel is evaluated on
+   the post-step state (one timestamp);
+6. observation (48 float32): joint position - stand (14), joint velocity x 0.05 (14), the
+   action just taken (14), gyro x 0.25 (3), gravity in the trunk frame (3); the scale table is
+   float32 and multiplies the float64 raw values; with sensor noise, gyro and the orientation
+   quaternion get Gaussian noise from the episode's own noise stream;
+7. reward: weighted sum of the version's terms (v1 or v2), in table order; terms in ``info``;
+8. fixed-length episodes: ``truncated`` after ``episode_steps`` steps, never ``terminated``.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import functools
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Dict, Optional, Tuple
+
+import gymnasium as gym
+import mujoco
+import numpy as np
+
+from raylab.envs import asset_path
+
+# ---------------------------------------------------------------------------------------------
+# Constants of the task
+# ---------------------------------------------------------------------------------------------
+
+ACTUATOR_NAMES: Tuple[str, ...] = (
+    "left_hip_yaw", "left_hip_roll", "left_hip_pitch", "left_knee", "left_ankle",
+    "neck_pitch", "head_pitch", "head_yaw", "head_roll",
+    "right_hip_yaw", "right_hip_roll", "right_hip_pitch", "right_knee", "right_ankle",
+)  # fmt: skip
+NUM_ACTIONS = len(ACTUATOR_NAMES)
+OBS_DIM = 48
+N_SUBSTEPS = 10  # mj_step per control step: 10 x 0.002 s = 50 Hz control
+CONTROL_DT = 0.02
+STAND_HEIGHT = 0.12  # trunk origin in the "stand" keyframe (m)
+FALLEN_HEIGHT = 0.04  # trunk below this counts as fallen (survival = trunk above it)
+PUSH_MARGIN_STEPS = 25  # pushes land at least 0.5 s from either end of the episode
+MAX_LATENCY = 2  # control steps
+
+VARIANTS = ("default", "backlash", "toes")
+REWARD_VERSIONS = ("v1", "v2")
+
+# Observation scale table, float32 like the original task's constants. Multiplying the float64
+# raw values by it promotes each constant (0.05 becomes 0.05000000074505806).
+OBS_SCALE = np.concatenate(
+    [
+        np.full(NUM_ACTIONS, 1.0, dtype=np.float32),  # joint position - stand
+        np.full(NUM_ACTIONS, 0.05, dtype=np.float32),  # joint velocity
+        np.full(NUM_ACTIONS, 1.0, dtype=np.float32),  # action just taken
+        np.full(3, 0.25, dtype=np.float32),  # gyro
+        np.full(3, 1.0, dtype=np.float32),  # projected gravity
+    ]
+)
+
+HEIGHT_SIGMA = 0.03  # v1 height reward: Gaussian around STAND_HEIGHT
+GYRO_NOISE_STD = 0.005  # rad/s, when sensor noise is on
+QUAT_NOISE_STD = 0.001  # per quaternion component, when sensor noise is on
+
+# Domain randomisation. The servo parameters are drawn uniformly between the smallest and the
+# largest value of four actuator fits. These four rows are raylab's own set, shaped like the
+# upstream XL330 fits (frictionloss spanning about 6.7x); kp sits around 1.0 N.m/rad because the
+# primitive-geom model does not stand on 0.55 (see docs/envs.md).
+SERVO_FITS: Dict[str, Tuple[float, float, float, float]] = {
+    "kp": (1.00, 0.90, 1.10, 0.95),
+    "damping": (0.053, 0.045, 0.060, 0.050),
+    "frictionloss": (0.0048, 0.0021, 0.0140, 0.0090),
+    "armature": (0.0018, 0.0015, 0.0021, 0.0019),
+    "force_limit": (0.96, 0.90, 1.02, 0.93),
+}
+SERVO_PARAMS = tuple(SERVO_FITS)
+MASS_SCALE_RANGE = (0.85, 1.15)  # per body, applied to mass and inertia
+FRICTION_SCALE_RANGE = (0.6, 1.2)  # floor sliding friction
+DR_LATENCY_RANGE = (0, MAX_LATENCY)  # inclusive
+DR_INIT_NOISE_RANGE = (0.02, 0.3)  # rad
+
+# Reward weights per version, in the order the terms are summed.
+REWARD_WEIGHTS: Dict[str, Dict[str, float]] = {
+    "v1": {
+        "upright": 1.0,
+        "height": 1.0,
+        "posture": -0.10,
+        "action_rate": -0.05,
+        "joint_vel": -2e-4,
+        "effort": -0.02,
+    },
+    "v2": {
+        "upright": 1.0,
+        "height": 1.0,
+        "action_rate": -0.05,
+        "joint_vel": -4.2e-2,
+    },
+}
+
+VECTOR_ONLY_OPTIONS = ("num_threads", "autoreset_mode", "allow_overcommit", "info_mode")
+AUTORESET_MODES = ("next_step", "same_step")
+INFO_MODES = ("none", "full")
+
+
+def check_choice(name: str, value: Any, choices: Tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; valid choices: {', '.join(choices)}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Options (the fields of raylab.envs.tasks.MicroduckBalanceConfig)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BalanceOptions:
+    reward_version: str = "v2"
+    variant: str = "default"
+    episode_steps: int = 250
+    action_scale: float = 0.35
+    num_pushes: int = 3
+    push_vel_min: float = 0.15
+    push_vel_max: float = 0.45
+    init_noise: float = 0.02
+    latency_steps: int = 0
+    sensor_noise: bool = False
+    domain_randomization: bool = False
+
+    def __post_init__(self):
+        check_choice("reward_version", self.reward_version, REWARD_VERSIONS)
+        check_choice("variant", self.variant, VARIANTS)
+        if int(self.episode_steps) < 1:
+            raise ValueError(f"episode_steps={self.episode_steps} is invalid; it must be >= 1")
+        if not (0 <= int(self.latency_steps) <= MAX_LATENCY):
+            raise ValueError(
+                f"latency_steps={self.latency_steps} is invalid; valid range: 0..{MAX_LATENCY}"
+            )
+        for name in ("action_scale", "push_vel_min", "push_vel_max", "init_noise"):
+            v = float(getattr(self, name))
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name}={v} is invalid; it must be finite and >= 0")
+        if self.push_vel_min > self.push_vel_max:
+            raise ValueError(
+                f"push_vel_min={self.push_vel_min} is above push_vel_max={self.push_vel_max}"
+            )
+        n_slots = len(push_slots(int(self.episode_steps)))
+        if not (0 <= int(self.num_pushes) <= n_slots):
+            raise ValueError(
+                f"num_pushes={self.num_pushes} does not fit: pushes land on distinct control "
+                f"steps at least {PUSH_MARGIN_STEPS} steps from either end, {n_slots} such "
+                f"steps in an episode of {self.episode_steps}"
+            )
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> "BalanceOptions":
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - names - set(VECTOR_ONLY_OPTIONS))
+        if unknown:
+            valid = ", ".join(sorted(names | set(VECTOR_ONLY_OPTIONS)))
+            raise TypeError(f"unknown option(s) {', '.join(unknown)}; valid options: {valid}")
+        return cls(**{k: v for k, v in kwargs.items() if k in names})
+
+
+def push_slots(episode_steps: int) -> np.ndarray:
+    """Control steps a push may land on: at least 0.5 s from the start and from the end."""
+    return np.arange(PUSH_MARGIN_STEPS, episode_steps - PUSH_MARGIN_STEPS + 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Model and variants
+# ---------------------------------------------------------------------------------------------
+
+
+def _hinges_of(spec: mujoco.MjSpec):
+    return [j for j in spec.joints if j.type == mujoco.mjtJoint.mjJNT_HINGE]
+
+
+def _add_backlash(spec: mujoco.MjSpec) -> None:
+    """A passive +/-0.01 rad hinge in series with every servo joint (same body, same axis)."""
+    for joint in _hinges_of(spec):
+        if joint.name not in ACTUATOR_NAMES:
+            continue
+        bl = joint.parent.add_joint()
+        bl.name = f"{joint.name}_backlash"
+        bl.type = mujoco.mjtJoint.mjJNT_HINGE
+        bl.axis = joint.axis
+        bl.range = [-0.01, 0.01]
+        bl.limited = mujoco.mjtLimited.mjLIMITED_TRUE
+        bl.damping = [0.01, 0.0, 0.0]  # (linear, polynomial terms) in MuJoCo 4
+        bl.armature = 0.0005
+        bl.frictionloss = 0.0
+
+
+def _add_toes(spec: mujoco.MjSpec) -> None:
+    """A passive, spring-loaded toe hinge at the front of each foot."""
+    for side in ("left", "right"):
+        foot = spec.body(f"{side}_foot")
+        toe = foot.add_body()
+        toe.name = f"{side}_toe"
+        toe.pos = [0.046, 0.0, -0.00735]
+        j = toe.add_joint()
+        j.name = f"{side}_toe"
+        j.type = mujoco.mjtJoint.mjJNT_HINGE
+        j.axis = [0.0, 1.0, 0.0]
+        j.range = [-0.6, 0.3]
+        j.limited = mujoco.mjtLimited.mjLIMITED_TRUE
+        j.stiffness = [0.3, 0.0, 0.0]
+        j.damping = [0.01, 0.0, 0.0]
+        j.armature = 0.0002
+        j.frictionloss = 0.0
+        g = toe.add_geom()
+        g.name = f"{side}_toe"
+        g.type = mujoco.mjtGeom.mjGEOM_BOX
+        g.size = [0.01, 0.019, 0.004]
+        g.pos = [0.01, 0.0, 0.0]
+        g.mass = 0.004
+
+
+@functools.lru_cache(maxsize=None)
+def prototype(variant: str = "default") -> mujoco.MjModel:
+    """The compiled model of a variant, built once per process. Do not modify it: copy it
+    (``copy.copy(model)`` is ``mj_copyModel``), as :func:`load_model` does."""
+    check_choice("variant", variant, VARIANTS)
+    path = str(asset_path("microduck.xml"))
+    if variant == "default":
+        return mujoco.MjModel.from_xml_path(path)
+    base = mujoco.MjModel.from_xml_path(path)
+    spec = mujoco.MjSpec.from_file(path)
+    {"backlash": _add_backlash, "toes": _add_toes}[variant](spec)
+    # The stand keyframe is written for the default joints; rebuild it by joint name (the
+    # variants' extra passive joints stand at 0).
+    key = spec.key("stand")
+    key_ctrl = list(key.ctrl)
+    spec.delete(key)
+    unkeyed = spec.compile()
+    qpos = unkeyed.qpos0.copy()
+    for j in range(base.njnt):
+        name = mujoco.mj_id2name(base, mujoco.mjtObj.mjOBJ_JOINT, j)
+        n = {0: 7, 1: 4}.get(int(base.jnt_type[j]), 1)
+        src, dst = base.jnt_qposadr[j], unkeyed.jnt_qposadr[unkeyed.joint(name).id]
+        qpos[dst : dst + n] = base.key_qpos[0, src : src + n]
+    key = spec.add_key()
+    key.name = "stand"
+    key.qpos = qpos
+    key.ctrl = key_ctrl
+    return spec.compile()
+
+
+def load_model(variant: str = "default") -> mujoco.MjModel:
+    """A private copy of a variant's model."""
+    return copy.copy(prototype(variant))
+
+
+@dataclass(frozen=True)
+class RobotIndex:
+    """Every name lookup the task needs, resolved once per model (variants move addresses)."""
+
+    nq: int
+    nv: int
+    nbody: int
+    key_id: int
+    trunk_id: int
+    floor_geom: int
+    root_dof: int  # qvel address of the trunk's free joint (linear velocity first)
+    act_ids: np.ndarray  # actuator ids in ACTUATOR_NAMES order
+    qpos_adr: np.ndarray  # qpos address of each servo joint
+    dof_adr: np.ndarray  # qvel address of each servo joint
+    stand_qpos: np.ndarray  # (nq,) the stand keyframe
+    stand: np.ndarray  # (14,) servo joint angles of the stand keyframe
+    lower: np.ndarray  # (14,) joint limits
+    upper: np.ndarray
+    sensors: Dict[str, slice]  # sensordata slices by name, plus joint_pos/joint_vel/joint_force
+
+    @classmethod
+    def of(cls, model: mujoco.MjModel) -> "RobotIndex":
+        jid = np.array([model.joint(n).id for n in ACTUATOR_NAMES])
+        key_id = model.key("stand").id
+        qpos_adr = model.jnt_qposadr[jid].copy()
+        root = model.joint("root").id
+        sensors = {}
+        for s in range(model.nsensor):
+            name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_SENSOR, s)
+            adr, dim = int(model.sensor_adr[s]), int(model.sensor_dim[s])
+            sensors[name] = slice(adr, adr + dim)
+        for group, prefix in (("joint_pos", "pos_"), ("joint_vel", "vel_"), ("joint_force", "frc_")):
+            first = sensors[prefix + ACTUATOR_NAMES[0]].start
+            expected = [slice(first + k, first + k + 1) for k in range(NUM_ACTIONS)]
+            if [sensors[prefix + n] for n in ACTUATOR_NAMES] != expected:
+                raise ValueError(f"the {prefix}* sensors must be contiguous in actuator order")
+            sensors[group] = slice(first, first + NUM_ACTIONS)
+        stand_qpos = model.key_qpos[key_id].copy()
+        return cls(
+            nq=model.nq,
+            nv=model.nv,
+            nbody=model.nbody,
+            key_id=key_id,
+            trunk_id=model.body("trunk").id,
+            floor_geom=model.geom("floor").id,
+            root_dof=int(model.jnt_dofadr[root]),
+            act_ids=np.array([model.actuator(n).id for n in ACTUATOR_NAMES]),
+            qpos_adr=qpos_adr,
+            dof_adr=model.jnt_dofadr[jid].copy(),
+            stand_qpos=stand_qpos,
+            stand=stand_qpos[qpos_adr].copy(),
+            lower=model.jnt_range[jid, 0].copy(),
+            upper=model.jnt_range[jid, 1].copy(),
+            sensors=sensors,
+        )
+
+
+@functools.lru_cache(maxsize=None)
+def robot_index(variant: str = "default") -> RobotIndex:
+    return RobotIndex.of(prototype(variant))
+
+
+# ---------------------------------------------------------------------------------------------
+# Episode parameters: everything an episode draws
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DomainParams:
+    """Physics of one episode under domain randomisation (absolute servo values, scale factors)."""
+
+    kp: float
+    damping: float
+    frictionloss: float
+    armature: float
+    force_limit: float
+    mass_scale: np.ndarray  # (nbody,) factor on each body's mass and inertia (world: 1.0)
+    friction_scale: float  # factor on the floor's sliding friction
+
+
+@dataclass
+class EpisodeParams:
+    """Everything an episode draws. ``reset()`` returns it in ``info["episode_params"]``;
+    ``reset(options={"episode_params": p})`` replays it instead of drawing."""
+
+    qpos: np.ndarray  # (nq,) initial positions: the stand keyframe plus clamped joint noise
+    qvel: np.ndarray  # (nv,) initial velocities (zeros)
+    push_steps: np.ndarray  # (P,) int64, distinct control steps at which a push lands
+    push_vel: np.ndarray  # (P, 2) m/s added to the trunk's (vx, vy)
+    latency: int  # control steps between an action and the servos receiving it
+    init_noise: float  # half-width of the uniform joint noise that was used (rad)
+    sensor_noise: bool  # Gaussian noise on gyro and orientation
+    noise_seed: int  # seeds this episode's sensor-noise stream
+    domain: Optional[DomainParams] = None  # None: nominal physics
+
+    def copy(self) -> "EpisodeParams":
+        return copy.deepcopy(self)
+
+    def to_dict(self) -> Dict[str, Any]:
+        def plain(v):
+            return v.tolist() if isinstance(v, np.ndarray) else v
+
+        out = {f.name: plain(getattr(self, f.name)) for f in fields(self) if f.name != "domain"}
+        out["domain"] = (
+            None
+            if self.domain is None
+            else {f.name: plain(getattr(self.domain, f.name)) for f in fields(self.domain)}
+        )
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "EpisodeParams":
+        dom = d.get("domain")
+        return cls(
+            qpos=np.asarray(d["qpos"], dtype=np.float64),
+            qvel=np.asarray(d["qvel"], dtype=np.float64),
+            push_steps=np.asarray(d["push_steps"], dtype=np.int64),
+            push_vel=np.asarray(d["push_vel"], dtype=np.float64).reshape(-1, 2),
+            latency=int(d["latency"]),
+            init_noise=float(d["init_noise"]),
+            sensor_noise=bool(d["sensor_noise"]),
+            noise_seed=int(d["noise_seed"]),
+            domain=None
+            if dom is None
+            else DomainParams(**{**dom, "mass_scale": np.asarray(dom["mass_scale"], dtype=np.float64)}),
+        )
+
+
+def draw_episode_params(
+    rng: np.random.Generator, opts: BalanceOptions, robot: RobotIndex
+) -> EpisodeParams:
+    """Draw one episode. The order of draws is part of the contract (same seed, same episode):
+
+    domain randomisation (if on): 5 servo values, mass scales, floor friction, latency, noise
+    width; then the joint noise (if its width > 0), push steps, push speeds, push angles, and
+    the sensor-noise seed.
+    """
+    domain = None
+    latency, init_noise, sensor_noise = opts.latency_steps, opts.init_noise, opts.sensor_noise
+    if opts.domain_randomization:
+        servo = {k: float(rng.uniform(min(v), max(v))) for k, v in SERVO_FITS.items()}
+        mass_scale = np.ones(robot.nbody)
+        mass_scale[1:] = rng.uniform(*MASS_SCALE_RANGE, size=robot.nbody - 1)
+        friction_scale = float(rng.uniform(*FRICTION_SCALE_RANGE))
+        domain = DomainParams(**servo, mass_scale=mass_scale, friction_scale=friction_scale)
+        latency = int(rng.integers(DR_LATENCY_RANGE[0], DR_LATENCY_RANGE[1] + 1))
+        init_noise = float(rng.uniform(*DR_INIT_NOISE_RANGE))
+        sensor_noise = True
+
+    qpos = robot.stand_qpos.copy()
+    if init_noise > 0:
+        noise = rng.uniform(-init_noise, init_noise, size=NUM_ACTIONS)
+        qpos[robot.qpos_adr] = np.clip(robot.stand + noise, robot.lower, robot.upper)
+
+    n = opts.num_pushes
+    push_steps = rng.choice(push_slots(opts.episode_steps), size=n, replace=False).astype(np.int64)
+    speed = rng.uniform(opts.push_vel_min, opts.push_vel_max, size=n)
+    angle = rng.uniform(0.0, 2.0 * np.pi, size=n)
+    push_vel = np.stack([speed * np.cos(angle), speed * np.sin(angle)], axis=1).reshape(n, 2)
+    noise_seed = int(rng.integers(0, 2**63 - 1))
+    return EpisodeParams(
+        qpos=qpos,
+        qvel=np.zeros(robot.nv),
+        push_steps=push_steps,
+        push_vel=push_vel,
+        latency=int(latency),
+        init_noise=float(init_noise),
+        sensor_noise=bool(sensor_noise),
+        noise_seed=noise_seed,
+        domain=domain,
+    )
+
+
+def check_episode_params(p: Any, robot: RobotIndex, episode_steps: int) -> EpisodeParams:
+    """Validate replayed parameters (a dict from ``to_dict`` is accepted) and return a copy."""
+    if isinstance(p, dict):
+        p = EpisodeParams.from_dict(p)
+    if not isinstance(p, EpisodeParams):
+        raise TypeError(f"episode_params must be an EpisodeParams or its dict, got {type(p).__name__}")
+    p = p.copy()
+    if p.qpos.shape != (robot.nq,) or p.qvel.shape != (robot.nv,):
+        raise ValueError(
+            f"episode_params qpos/qvel have shapes {p.qpos.shape}/{p.qvel.shape}; this model "
+            f"variant needs ({robot.nq},)/({robot.nv},)"
+        )
+    if not (np.all(np.isfinite(p.qpos)) and np.all(np.isfinite(p.qvel))):
+        raise ValueError("episode_params qpos/qvel contain NaN or Inf")
+    p.push_steps = np.asarray(p.push_steps, dtype=np.int64).reshape(-1)
+    p.push_vel = np.asarray(p.push_vel, dtype=np.float64).reshape(-1, 2)
+    if len(p.push_steps) != len(p.push_vel) or len(set(p.push_steps.tolist())) != len(p.push_steps):
+        raise ValueError("episode_params push_steps must be distinct, one per push_vel row")
+    if not (0 <= p.latency <= MAX_LATENCY):
+        raise ValueError(f"episode_params latency={p.latency}; valid range: 0..{MAX_LATENCY}")
+    if p.domain is not None and np.shape(p.domain.mass_scale) != (robot.nbody,):
+        raise ValueError(
+            f"episode_params domain.mass_scale has shape {np.shape(p.domain.mass_scale)}; "
+            f"this model variant needs ({robot.nbody},)"
+        )
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing an episode's physics into a model (and restoring it exactly)
+# ---------------------------------------------------------------------------------------------
+
+NOMINAL_FIELDS = (
+    "actuator_gainprm",
+    "actuator_biasprm",
+    "actuator_forcerange",
+    "dof_damping",
+    "dof_frictionloss",
+    "dof_armature",
+    "body_mass",
+    "body_inertia",
+    "geom_friction",
+)
+
+
+def nominal_physics(model: mujoco.MjModel) -> Dict[str, np.ndarray]:
+    """Copies of every model field domain randomisation writes."""
+    return {name: getattr(model, name).copy() for name in NOMINAL_FIELDS}
+
+
+def apply_physics_params(
+    model: mujoco.MjModel,
+    nominal: Dict[str, np.ndarray],
+    robot: RobotIndex,
+    domain: Optional[DomainParams],
+) -> None:
+    """Restore the nominal fields, then (if ``domain``) write this episode's values.
+
+    Values are always computed from the saved nominal arrays, never from the model's current
+    ones, so nothing compounds across episodes; with ``domain=None`` the model is restored
+    byte for byte. Derived constants (``mj_setConst``) are deliberately not recomputed.
+    """
+    for name, value in nominal.items():
+        getattr(model, name)[:] = value
+    if domain is None:
+        return
+    a, dof = robot.act_ids, robot.dof_adr
+    model.actuator_gainprm[a, 0] = domain.kp
+    model.actuator_biasprm[a, 1] = -domain.kp
+    model.actuator_forcerange[a, 0] = -domain.force_limit
+    model.actuator_forcerange[a, 1] = domain.force_limit
+    model.dof_damping[dof] = domain.damping
+    model.dof_frictionloss[dof] = domain.frictionloss
+    model.dof_armature[dof] = domain.armature
+    model.body_mass[:] = nominal["body_mass"] * domain.mass_scale
+    model.body_inertia[:] = nominal["body_inertia"] * domain.mass_scale[:, None]
+    model.geom_friction[robot.floor_geom, 0] = (
+        nominal["geom_friction"][robot.floor_geom, 0] * domain.friction_scale
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference environment
+# ---------------------------------------------------------------------------------------------
+
+
+def projected_gravity(quat: np.ndarray) -> Tuple[float, float, float]:
+    """Gravity direction (0, 0, -1) in the frame of the unit quaternion (w, x, y, z) given
+    unnormalised: it is normalised first."""
+    w, x, y, z = quat
+    norm = math.sqrt(w * w + x * x + y * y + z * z)
+    w, x, y, z = w / norm, x / norm, y / norm, z / norm
+    return (
+        -(2.0 * (x * z - w * y)),
+        -(2.0 * (y * z + w * x)),
+        -(1.0 - 2.0 * (x * x + y * y)),
+    )
+
+
+class MicroduckBalanceEnv(gym.Env):
+    """One Microduck that must keep standing under pushes (the reference implementation).
+
+    Options are the fields of ``raylab.envs.tasks.MicroduckBalanceConfig``; the vector-only
+    ones (num_threads, autoreset_mode, allow_overcommit, info_mode) are accepted and ignored.
+    Seeding: ``reset(seed=s)`` seeds ``self.np_random`` with ``s`` (Gymnasium's rule), so env i of
+    the batched env reset with seed ``s`` equals this env reset with seed ``s + i``.
+    """
+
+    metadata = {"render_modes": [], "render_fps": 50}
+
+    def __init__(self, render_mode: Optional[str] = None, **options):
+        if render_mode is not None:
+            raise ValueError(f"render_mode={render_mode!r} is not supported; valid choices: None")
+        self.opts = BalanceOptions.from_kwargs(**options)
+        self.reward_version = self.opts.reward_version
+        self.model = load_model(self.opts.variant)
+        self.data = mujoco.MjData(self.model)
+        self.robot = robot_index(self.opts.variant)
+        self.nominal = nominal_physics(self.model)
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (NUM_ACTIONS,), np.float32)
+        self.action_clip_count = 0  # action entries clipped to [-1, 1] since construction
+        self.params: Optional[EpisodeParams] = None
+        self.t = 0
+
+    # -- reset -----------------------------------------------------------------------------
+
+    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
+        super().reset(seed=seed)
+        replay = (options or {}).get("episode_params")
+        if replay is None:
+            params = draw_episode_params(self.np_random, self.opts, self.robot)
+        else:
+            params = check_episode_params(replay, self.robot, self.opts.episode_steps)
+        self.params = params
+
+        apply_physics_params(self.model, self.nominal, self.robot, params.domain)
+        mujoco.mj_resetDataKeyframe(self.model, self.data, self.robot.key_id)
+        self.data.qpos[:] = params.qpos
+        self.data.qvel[:] = params.qvel
+        self.data.ctrl[self.robot.act_ids] = self.robot.stand
+        mujoco.mj_forward(self.model, self.data)
+
+        self.t = 0
+        zeros = np.zeros(NUM_ACTIONS)
+        self.last_action = zeros
+        self.action_queue = collections.deque(
+            [zeros] * (params.latency + 1), maxlen=params.latency + 1
+        )
+        self.noise_rng = np.random.default_rng(params.noise_seed)
+        obs = self._observe(zeros)
+        info = {"episode_params": params.copy(), **self._state_info()}
+        return obs, info
+
+    # -- step ------------------------------------------------------------------------------
+
+    def step(self, action):
+        if self.params is None:
+            raise RuntimeError("call reset() before step()")
+        if self.t >= self.opts.episode_steps:
+            raise RuntimeError("the episode has ended (truncated); call reset()")
+        action = self._check_action(action)
+
+        # The servos get the action from `latency` steps ago.
+        self.action_queue.append(action)
+        delayed = self.action_queue[0]
+        target = np.clip(
+            self.robot.stand + self.opts.action_scale * delayed, self.robot.lower, self.robot.upper
+        )
+        self.data.ctrl[self.robot.act_ids] = target
+
+        # A push adds (vx, vy) to the trunk's linear velocity before this step's physics.
+        hits = np.flatnonzero(self.params.push_steps == self.t)
+        pushed = hits.size > 0
+        if pushed:
+            dof = self.robot.root_dof
+            self.data.qvel[dof : dof + 2] += self.params.push_vel[hits[0]]
+
+        mujoco.mj_step(self.model, self.data, N_SUBSTEPS)
+        mujoco.mj_forward(self.model, self.data)  # every observation channel on one timestamp
+        self.t += 1
+
+        reward, terms = self._reward(action, self.last_action)
+        self.last_action = action
+        obs = self._observe(action)
+        truncated = self.t >= self.opts.episode_steps
+        info = {"reward_terms": terms, "pushed": pushed, **self._state_info()}
+        return obs, reward, False, truncated, info
+
+    def _check_action(self, action) -> np.ndarray:
+        a = np.asarray(action, dtype=np.float64)
+        if a.shape != (NUM_ACTIONS,):
+            raise ValueError(f"action must have shape ({NUM_ACTIONS},), got {a.shape}")
+        if not np.all(np.isfinite(a)):
+            raise ValueError(f"action contains NaN or Inf: {a.tolist()}; actions must be finite")
+        clipped = np.clip(a, -1.0, 1.0)
+        self.action_clip_count += int(np.count_nonzero(clipped != a))
+        return clipped
+
+    # -- observation and reward ------------------------------------------------------------
+
+    def _observe(self, action: np.ndarray) -> np.ndarray:
+        q = self.data.qpos[self.robot.qpos_adr]
+        qd = self.data.qvel[self.robot.dof_adr]
+        gyro = self.data.sensor("gyro").data.copy()
+        quat = self.data.sensor("orientation").data.copy()
+        if self.params.sensor_noise:
+            n = self.noise_rng.standard_normal(7)
+            gyro = gyro + GYRO_NOISE_STD * n[:3]
+            quat = quat + QUAT_NOISE_STD * n[3:]
+        gravity = np.array(projected_gravity(quat))
+        raw = np.concatenate([q - self.robot.stand, qd, action, gyro, gravity])
+        return (raw * OBS_SCALE).astype(np.float32)
+
+    def _trunk_height(self) -> float:
+        return float(self.data.xpos[self.robot.trunk_id, 2])
+
+    def _upright_cos(self) -> float:
+        """Cosine of the trunk's tilt: z of its up axis, from the true orientation sensor."""
+        return -projected_gravity(self.data.sensor("orientation").data)[2]
+
+    def _reward(self, action: np.ndarray, prev_action: np.ndarray):
+        h = self._trunk_height()
+        q = self.data.qpos[self.robot.qpos_adr]
+        qd = self.data.qvel[self.robot.dof_adr]
+        tau = self.data.actuator_force[self.robot.act_ids]
+        dq = q - self.robot.stand
+        da = action - prev_action
+        raw = {"upright": max(0.0, self._upright_cos())}
+        if self.reward_version == "v1":
+            e = (h - STAND_HEIGHT) / HEIGHT_SIGMA
+            raw["height"] = float(np.exp(-0.5 * e * e))
+            raw["posture"] = float(np.mean(dq * dq))
+            raw["action_rate"] = float(np.mean(da * da))
+            raw["joint_vel"] = float(np.mean(qd * qd))
+            raw["effort"] = float(np.mean(tau * tau))
+        else:
+            raw["height"] = min(max(h / STAND_HEIGHT, 0.0), 1.0)
+            raw["action_rate"] = float(np.mean(da * da))
+            raw["joint_vel"] = float(np.mean(qd * qd))
+        reward = 0.0
+        terms = {}
+        for name, weight in REWARD_WEIGHTS[self.reward_version].items():
+            terms[name] = weight * raw[name]
+            reward += terms[name]
+        return reward, terms
+
+    def _state_info(self) -> Dict[str, Any]:
+        h = self._trunk_height()
+        return {
+            "trunk_height": h,
+            "upright_cos": self._upright_cos(),
+            "fallen": h < FALLEN_HEIGHT,
+            "step": self.t,
+        }

@@ -1,0 +1,449 @@
+"""The batched Microduck env: threads, autoreset, seeding, model isolation, infos, bad input."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import fields
+
+import gymnasium as gym
+import mujoco
+import numpy as np
+import pytest
+from gymnasium.wrappers.vector import DictInfoToList
+
+import raylab.envs  # noqa: F401  (registers the ids)
+from raylab.envs.backend import model_bytes, owned_envs, thread_limit
+from raylab.envs.managers import reward_tag, termination_tag
+from raylab.envs.microduck import (
+    REWARD_WEIGHTS,
+    BalanceOptions,
+    MicroduckBalanceEnv,
+    apply_physics_params,
+    load_model,
+    nominal_physics,
+    prototype,
+    robot_index,
+)
+from raylab.envs.microduck_vec import MicroduckBalanceVecEnv
+from raylab.envs.tasks import MicroduckBalanceConfig
+
+GYM_ID = "raylab/MicroduckBalance-v0"
+
+
+def _actions(steps, n, seed=0, amplitude=1.0):
+    return np.random.default_rng(seed).uniform(-amplitude, amplitude, size=(steps, n, 14))
+
+
+def _rollout(env, actions, seed):
+    obs, _ = env.reset(seed=seed)
+    out = {"obs": [obs], "rew": [], "term": [], "trunc": [], "final_obs": []}
+    for a in actions:
+        obs, r, te, tr, info = env.step(a)
+        out["obs"].append(obs)
+        out["rew"].append(r)
+        out["term"].append(te)
+        out["trunc"].append(tr)
+        if "final_obs" in info:
+            out["final_obs"].append((info["final_obs"].copy(), info["_final_obs"].copy()))
+    return {k: v if k == "final_obs" else np.array(v) for k, v in out.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Threads and sequential equality
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["next_step", "same_step"])
+def test_thread_count_never_changes_a_bit(mode):
+    n, actions = 6, _actions(300, 6, seed=1, amplitude=0.5)
+    runs = []
+    for t in (1, 2, 4):
+        env = MicroduckBalanceVecEnv(num_envs=n, num_threads=t, allow_overcommit=True,
+                                     autoreset_mode=mode, domain_randomization=True)  # fmt: skip
+        runs.append(_rollout(env, actions, seed=11))
+        env.close()
+    base = runs[0]
+    assert base["trunc"].sum() == n  # every env ended one episode inside the 300 steps
+    if mode == "same_step":
+        assert len(base["final_obs"]) == 1 and base["final_obs"][0][1].all()
+    for other in runs[1:]:
+        for k in ("obs", "rew", "term", "trunc"):
+            assert np.array_equal(base[k], other[k]), k
+        assert len(base["final_obs"]) == len(other["final_obs"])
+        for (fa, ma), (fb, mb) in zip(base["final_obs"], other["final_obs"]):
+            assert np.array_equal(fa, fb) and np.array_equal(ma, mb)
+
+
+def test_env_i_always_runs_on_thread_i_mod_t():
+    assert owned_envs(7, 3) == [[0, 3, 6], [1, 4], [2, 5]]
+    assert owned_envs(2, 4) == [[0], [1]]
+
+
+@pytest.mark.parametrize("mode", ["next_step", "same_step"])
+def test_threaded_envs_equal_sequential_reference_envs_through_autoreset(mode):
+    n, seed, steps = 3, 21, 300
+    actions = _actions(steps, n, seed=2, amplitude=0.4)
+    opts = {"reward_version": "v1", "latency_steps": 1, "sensor_noise": True}
+    vec = MicroduckBalanceVecEnv(num_envs=n, num_threads=2, autoreset_mode=mode, **opts)
+    got = _rollout(vec, actions, seed)
+    vec.close()
+
+    refs = [MicroduckBalanceEnv(**opts) for _ in range(n)]
+    obs = [e.reset(seed=seed + i)[0] for i, e in enumerate(refs)]
+    assert np.array_equal(np.stack(obs), got["obs"][0])
+    done = [False] * n
+    finals = []
+    for t in range(steps):
+        row_obs, row_rew, final = [], [], {}
+        for i, e in enumerate(refs):
+            if mode == "next_step" and done[i]:
+                o, _ = e.reset()
+                r, te, tr = 0.0, False, False
+            else:
+                o, r, te, tr, _ = e.step(actions[t, i])
+                if mode == "same_step" and (te or tr):
+                    final[i] = o
+                    o, _ = e.reset()
+            done[i] = te or tr
+            row_obs.append(o)
+            row_rew.append(r)
+        assert np.array_equal(np.stack(row_obs), got["obs"][t + 1]), t
+        assert np.array_equal(np.array(row_rew), got["rew"][t]), t
+        if final:
+            finals.append(final)
+    if mode == "same_step":
+        assert len(finals) == len(got["final_obs"]) == 1
+        final_obs, mask = got["final_obs"][0]
+        assert mask.tolist() == [True] * n
+        for i, o in finals[0].items():
+            assert np.array_equal(final_obs[i], o)
+
+
+def test_same_step_final_obs_is_the_next_step_truncation_obs():
+    actions = _actions(251, 2, seed=3, amplitude=0.3)
+    runs = {}
+    for mode in ("next_step", "same_step"):
+        env = MicroduckBalanceVecEnv(num_envs=2, autoreset_mode=mode, info_mode="full")
+        runs[mode] = _rollout(env, actions, seed=5)
+        env.close()
+    nxt, same = runs["next_step"], runs["same_step"]
+    assert np.array_equal(nxt["obs"][:250], same["obs"][:250])
+    assert nxt["trunc"][249].all() and same["trunc"][249].all()
+    assert np.array_equal(same["final_obs"][0][0], nxt["obs"][250])  # the final observation
+    assert np.array_equal(same["obs"][250], nxt["obs"][251])  # then the new episode's first
+    assert (nxt["rew"][250] == 0).all()  # next_step: the reset step has reward 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Seeding and replay
+# ---------------------------------------------------------------------------------------------
+
+
+def test_seed_s_gives_env_i_the_reference_episode_of_seed_s_plus_i():
+    vec = MicroduckBalanceVecEnv(num_envs=3, info_mode="full", domain_randomization=True)
+    obs, info = vec.reset(seed=40)
+    for i in range(3):
+        ref = MicroduckBalanceEnv(domain_randomization=True)
+        o, ref_info = ref.reset(seed=40 + i)
+        assert np.array_equal(o, obs[i])
+        assert ref_info["episode_params"].to_dict() == info["episode_params"][i].to_dict()
+    vec.close()
+
+
+def test_reset_replays_episode_params_per_env():
+    vec = MicroduckBalanceVecEnv(num_envs=2, info_mode="full", num_pushes=4)
+    obs, info = vec.reset(seed=1)
+    params = list(info["episode_params"])
+    swapped = [params[1], params[0].to_dict()]  # dicts from to_dict() are accepted too
+    obs2, info2 = vec.reset(options={"episode_params": swapped})
+    assert np.array_equal(obs2[0], obs[1]) and np.array_equal(obs2[1], obs[0])
+    np.testing.assert_array_equal(info2["episode_params"][1].push_steps, params[0].push_steps)
+    with pytest.raises(ValueError, match="2 envs"):
+        vec.reset(options={"episode_params": params[:1]})
+    vec.close()
+
+
+def test_draws_are_within_the_documented_ranges():
+    env = MicroduckBalanceEnv(domain_randomization=True, num_pushes=3)
+    r = env.robot
+    for s in range(20):
+        p = env.reset(seed=s)[1]["episode_params"]
+        assert len(set(p.push_steps.tolist())) == 3
+        assert p.push_steps.min() >= 25 and p.push_steps.max() <= 225
+        speed = np.hypot(p.push_vel[:, 0], p.push_vel[:, 1])
+        assert np.all((speed >= 0.15 - 1e-12) & (speed <= 0.45 + 1e-12))
+        q = p.qpos[r.qpos_adr]
+        assert np.all(q >= r.lower) and np.all(q <= r.upper)  # noise clamped to the limits
+        assert 0 <= p.latency <= 2 and 0.02 <= p.init_noise <= 0.3 and p.sensor_noise
+        assert np.all((p.domain.mass_scale[1:] >= 0.85) & (p.domain.mass_scale[1:] <= 1.15))
+        assert 0.6 <= p.domain.friction_scale <= 1.2
+
+
+# ---------------------------------------------------------------------------------------------
+# Model isolation and domain randomisation
+# ---------------------------------------------------------------------------------------------
+
+
+def test_domain_randomisation_applied_then_restored_leaves_the_model_byte_identical():
+    m = load_model()
+    before = model_bytes(m)
+    nominal = nominal_physics(m)
+    robot = robot_index()
+    env = MicroduckBalanceEnv(domain_randomization=True)
+    for s in range(3):
+        p = env.reset(seed=s)[1]["episode_params"]
+        apply_physics_params(m, nominal, robot, p.domain)
+        assert model_bytes(m) != before
+    apply_physics_params(m, nominal, robot, None)
+    assert model_bytes(m) == before
+
+
+def test_nothing_compounds_across_episodes_in_the_batched_env():
+    vec = MicroduckBalanceVecEnv(num_envs=2, info_mode="full", domain_randomization=True)
+    _, info = vec.reset(seed=3)
+    p = list(info["episode_params"])
+    once = [model_bytes(m) for m in vec.sim.models]
+    for s in range(4):  # other DR episodes in between, with stepping and autoreset
+        vec.reset(seed=100 + s)
+        for a in _actions(5, 2, seed=s):
+            vec.step(a)
+    vec.reset(options={"episode_params": p})
+    assert [model_bytes(m) for m in vec.sim.models] == once
+    for q in p:
+        q.domain = None
+    vec.reset(options={"episode_params": p})
+    proto = model_bytes(prototype())
+    assert all(model_bytes(m) == proto for m in vec.sim.models)
+    vec.close()
+
+
+def test_mutating_one_envs_masses_leaves_the_others_and_the_prototype_untouched():
+    vec = MicroduckBalanceVecEnv(num_envs=3)
+    proto = model_bytes(prototype())
+    vec.sim.models[1].body_mass[:] *= 3.0
+    assert model_bytes(vec.sim.models[0]) == proto
+    assert model_bytes(vec.sim.models[2]) == proto
+    assert model_bytes(prototype()) == proto
+    assert model_bytes(vec.sim.models[1]) != proto
+    vec.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Threads limit and bad input
+# ---------------------------------------------------------------------------------------------
+
+
+def test_thread_counts_above_the_limit_are_refused_unless_overcommit():
+    limit = thread_limit()
+    assert limit == min(8, os.cpu_count())
+    with pytest.raises(ValueError, match=rf"num_threads={limit + 1} .*limit of {limit}.*allow_overcommit"):
+        MicroduckBalanceVecEnv(num_envs=2, num_threads=limit + 1)
+    with pytest.raises(ValueError, match="num_threads=9"):
+        MicroduckBalanceVecEnv(num_envs=2, num_threads=9)
+    with pytest.raises(ValueError, match="num_threads=0"):
+        MicroduckBalanceVecEnv(num_envs=2, num_threads=0)
+    env = MicroduckBalanceVecEnv(num_envs=2, num_threads=limit + 1, allow_overcommit=True)
+    assert env.num_threads == limit + 1
+    env.close()
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (np.zeros((2, 13)), r"shape \(2, 14\)"),
+        (np.zeros(14), r"shape \(2, 14\)"),
+        (np.where(np.eye(2, 14) > 0, np.nan, 0.0), r"NaN or Inf in env\(s\) \[0, 1\]"),
+        (np.where(np.arange(28).reshape(2, 14) == 20, np.inf, 0.0), r"NaN or Inf in env\(s\) \[1\]"),
+    ],
+)
+def test_bad_batched_actions_raise_a_clear_error(bad, match):
+    env = MicroduckBalanceVecEnv(num_envs=2)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=match):
+        env.step(bad)
+    env.close()
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [(np.zeros(13), r"shape \(14,\)"), (np.full(14, np.nan), "NaN or Inf"), ([np.inf] + [0.0] * 13, "NaN or Inf")],
+)
+def test_bad_reference_actions_raise_a_clear_error(bad, match):
+    env = MicroduckBalanceEnv()
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=match):
+        env.step(bad)
+
+
+def test_out_of_range_actions_are_clipped_and_counted_identically():
+    ref = MicroduckBalanceEnv()
+    vec = MicroduckBalanceVecEnv(num_envs=1)
+    ref.reset(seed=9)
+    vec.reset(seed=9)
+    a = np.zeros(14)
+    a[[0, 5, 13]] = [1.7, -3.0, 1.0]
+    o_ref = ref.step(a)[0]
+    o_vec = vec.step(a[None])[0][0]
+    assert np.array_equal(o_ref, o_vec)
+    assert o_ref[28 + 0] == 1.0 and o_ref[28 + 5] == -1.0  # the action channel holds the clip
+    assert ref.action_clip_count == vec.action_clip_count == 2
+    vec.close()
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"reward_version": "v3"}, r"unknown reward_version 'v3'; valid choices: v1, v2"),
+        ({"variant": "wings"}, r"unknown variant 'wings'; valid choices: default, backlash, toes"),
+        ({"autoreset_mode": "never"}, r"unknown autoreset_mode 'never'; valid choices: next_step, same_step"),
+        ({"info_mode": "some"}, r"unknown info_mode 'some'; valid choices: none, full"),
+        ({"latency_steps": 3}, r"latency_steps=3 is invalid; valid range: 0..2"),
+        ({"num_pushes": 500}, r"num_pushes=500 does not fit"),
+    ],
+)
+def test_bad_options_raise_one_clear_line(kwargs, match):
+    with pytest.raises(ValueError, match=match) as e:
+        gym.make_vec(GYM_ID, num_envs=2, vectorization_mode="vector_entry_point", **kwargs)
+    assert "\n" not in str(e.value)
+    if "autoreset_mode" not in kwargs and "info_mode" not in kwargs:
+        with pytest.raises(ValueError, match=match):
+            gym.make(GYM_ID, **kwargs)
+
+
+def test_unknown_option_names_are_refused():
+    with pytest.raises(TypeError, match="unknown option.*reward_versoin.*valid options"):
+        MicroduckBalanceEnv(reward_versoin="v1")
+
+
+# ---------------------------------------------------------------------------------------------
+# Gymnasium and RLlib interface
+# ---------------------------------------------------------------------------------------------
+
+
+def test_every_config_field_is_an_env_option_with_the_same_default():
+    skip = {"gym_id", "num_envs", "kwargs"}
+    cfg = {f.name: f.default for f in fields(MicroduckBalanceConfig) if f.name not in skip}
+    env_defaults = {f.name: f.default for f in fields(BalanceOptions)}
+    for name, default in cfg.items():
+        if name in env_defaults:
+            assert env_defaults[name] == default, name
+    vec = gym.make_vec(GYM_ID, num_envs=2, vectorization_mode="vector_entry_point", **cfg)
+    assert isinstance(vec, MicroduckBalanceVecEnv)
+    vec.close()
+    single = gym.make(GYM_ID, **cfg)
+    assert isinstance(single.unwrapped, MicroduckBalanceEnv)
+
+
+def test_make_vec_entry_point_under_dict_info_to_list_rllib_style():
+    vec = gym.make_vec(GYM_ID, num_envs=3, vectorization_mode="vector_entry_point", num_threads=2,
+                       episode_steps=30, num_pushes=0)  # fmt: skip
+    assert vec.metadata["autoreset_mode"] == gym.vector.AutoresetMode.NEXT_STEP
+    assert vec.single_observation_space.shape == (48,)
+    assert vec.action_space.shape == (3, 14)
+    env = DictInfoToList(vec)
+    obs, infos = env.reset(seed=0)
+    assert obs.shape == (3, 48) and obs.dtype == np.float32 and infos == [{}, {}, {}]
+    for _ in range(35):  # through one autoreset
+        obs, rew, term, trunc, infos = env.step(env.action_space.sample())
+        assert infos == [{}, {}, {}] and rew.dtype == np.float64
+    log = vec.unwrapped.pop_log()
+    assert log[termination_tag("time_out")] == 3
+    assert set(log) == {reward_tag(t) for t in REWARD_WEIGHTS["v2"]} | {termination_tag("time_out")}
+    vec.close()
+
+
+def test_same_step_infos_pass_dict_info_to_list():
+    vec = gym.make_vec(GYM_ID, num_envs=2, vectorization_mode="vector_entry_point",
+                       autoreset_mode="same_step", episode_steps=5, num_pushes=0)  # fmt: skip
+    assert vec.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP
+    env = DictInfoToList(vec)
+    env.reset(seed=0)
+    for t in range(5):
+        _, _, _, trunc, infos = env.step(np.zeros((2, 14)))
+    assert trunc.all()
+    assert all(info["final_obs"].shape == (48,) for info in infos)
+    vec.close()
+
+
+def test_full_infos_and_pop_log_agree_with_the_per_term_rewards():
+    n = 4
+    vec = MicroduckBalanceVecEnv(num_envs=n, info_mode="full", reward_version="v1", episode_steps=20,
+                                 num_pushes=0)  # fmt: skip
+    obs, info = vec.reset(seed=0)
+    assert len(info["episode_params"]) == n
+    sums = {t: 0.0 for t in REWARD_WEIGHTS["v1"]}
+    steps = 0
+    for a in _actions(21, n, seed=4, amplitude=0.5):  # 20 steps, then the NEXT_STEP reset step
+        obs, rew, term, trunc, info = vec.step(a)
+        stepped = info["step"] > 0
+        np.testing.assert_array_equal(sum(info["reward_terms"].values()), rew)  # terms add up
+        assert set(info) >= {"trunk_height", "upright_cos", "fallen", "pushed", "step", "reward_terms", "log"}
+        for t, v in info["reward_terms"].items():
+            sums[t] += v[stepped].sum()
+            if stepped.any():
+                assert info["log"][reward_tag(t)] == pytest.approx(v[stepped].mean())
+        steps += int(stepped.sum())
+    assert (info["step"] == 0).all() and (rew == 0).all()  # the last call reset every env
+    log = vec.pop_log()
+    for t in REWARD_WEIGHTS["v1"]:
+        assert log[reward_tag(t)] == pytest.approx(sums[t] / steps)
+    assert log[termination_tag("time_out")] == n
+    assert steps == 20 * n
+    assert vec.pop_log() == {termination_tag("time_out"): 0}  # cleared
+    vec.close()
+
+
+def test_reference_env_info_has_the_terms_and_flags():
+    env = gym.make(GYM_ID, reward_version="v1")
+    obs, info = env.reset(seed=0)
+    assert obs.shape == (48,) and obs.dtype == np.float32
+    assert set(info) >= {"episode_params", "trunk_height", "upright_cos", "fallen", "step"}
+    total = 0.0
+    for t in range(250):
+        obs, r, term, trunc, info = env.step(np.zeros(14, dtype=np.float32))
+        assert sum(info["reward_terms"].values()) == pytest.approx(r)
+        assert set(info["reward_terms"]) == set(REWARD_WEIGHTS["v1"])
+        assert term is False and trunc == (t == 249)
+        total += r
+        assert r <= 2.0
+    assert info["step"] == 250
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(np.zeros(14))
+
+
+def test_step_before_reset_is_refused():
+    vec = MicroduckBalanceVecEnv(num_envs=1)
+    with pytest.raises(RuntimeError, match="reset"):
+        vec.step(np.zeros((1, 14)))
+    vec.close()
+    assert mujoco.mj_versionString()  # the real engine is what ran
+
+
+def test_episode_survival_stats():
+    vec = MicroduckBalanceVecEnv(num_envs=3, episode_steps=30, num_pushes=0, info_mode="full")
+    vec.reset(seed=0)
+    heights = []
+    for _ in range(30):
+        info = vec.step(np.zeros((3, 14)))[4]
+        heights.append(info["trunk_height"])
+    stats = vec.pop_episode_stats()
+    assert stats["episodes"] == 3 and stats["survival"] == 1.0
+    assert stats["trunk_height"] == pytest.approx(np.mean(heights))
+    assert vec.pop_episode_stats() == {"episodes": 0}
+    vec.close()
+
+
+def test_bench_functions_run_and_hold_pose_beats_random():
+    from raylab.envs.microduck_bench import measure_throughput, run_baselines
+
+    tp = measure_throughput(num_envs=4, threads=(1,), window=0.05, rounds=2, episode_steps=60,
+                            num_pushes=0)  # fmt: skip
+    assert set(tp["median_env_steps_per_s"]) == {"batched T=1", "bare T=1", "sync"}
+    assert all(v > 0 for v in tp["median_env_steps_per_s"].values())
+    assert len(tp["ratios"]["T=1"]["batched_over_bare_per_round"]) == 2
+    assert tp["machine_before"]["cpu_count"] == os.cpu_count()
+    b = run_baselines(episodes=3, seeds=(0,), num_threads=1, episode_steps=30, num_pushes=0)
+    hold, rand = b["v2/hold_pose"], b["v2/random"]
+    assert hold["return_mean_over_seeds"] > 0.95 * 2 * 30  # standing still scores ~2 per step
+    assert hold["survival"] == 1.0 and hold["upright_at_end"] == 1.0
+    assert rand["return_mean_over_seeds"] < hold["return_mean_over_seeds"]

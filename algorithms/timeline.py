@@ -35,7 +35,10 @@ def push_partial_state(metrics_logger, tracker_name: str) -> None:
 def pull_final_stats(result: dict, where: str, tracker_name: str) -> Dict[str, float]:
     """Final numbers of a tracker merged across every actor that reported in this result."""
     items = result.get(where, {}).get(RAYLAB_KEY, {}).get(tracker_name, [])
-    if not isinstance(items, list) or not items:
+    if isinstance(items, dict):  # RLlib hands a lone item over unwrapped
+        items = [items]
+    items = [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+    if not items:
         return {}
     merged = stats_tracker.drop_counts(stats_tracker.merge_exports(items))
     prefix = tracker_name + "/"

@@ -109,8 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a hyperparameter sweep described by a YAML file in tune_configs/.",
         formatter_class=_Formatter,
     )
-    p.add_argument("file", metavar="FILE", help="sweep YAML (see tune_configs/)")
-    p.add_argument("--resume", action="store_true", help="resume an interrupted sweep")
+    p.add_argument("file", metavar="FILE", nargs="?", default=None,
+                   help="sweep YAML (see tune_configs/); omit with --resume")
+    p.add_argument("--resume", metavar="SWEEP_DIR", default=None,
+                   help="resume an interrupted sweep from its directory")
     p.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE", help="base config overrides for every trial"
     )
@@ -172,11 +174,33 @@ def _cmd_eval(args) -> int:
 
 
 def _cmd_tune(args) -> int:
-    return _not_yet("tune")
+    from raylab.sweep import run_sweep
+
+    return run_sweep(args.file, args.overrides, resume=args.resume)
 
 
 def _cmd_bench(args) -> int:
-    return _not_yet("bench")
+    # Each benchmark has its own parser (`raylab bench env --help`); they live in
+    # raylab/bench_env.py, bench_train.py and bench_plot.py and are imported only when used.
+    choices = {
+        "env": ("raylab.bench_env", "main_env"),
+        "compare": ("raylab.bench_env", "main_compare"),
+        "train": ("raylab.bench_train", "main"),
+        "plot": ("raylab.bench_plot", "main"),
+    }
+    if args.what is None:
+        raise UserError(
+            "raylab bench: say which benchmark: env | compare | train | plot "
+            "(`raylab bench env --help` lists its options)"
+        )
+    if args.what not in choices:
+        from raylab.errors import choices_hint
+
+        raise UserError("raylab bench: " + choices_hint(args.what, choices, "benchmark"))
+    import importlib
+
+    module, func = choices[args.what]
+    return getattr(importlib.import_module(module), func)(list(args.rest))
 
 
 def _cmd_metrics(args) -> int:

@@ -286,7 +286,9 @@ def iter_keys(cfg: DictConfig, prefix: str = "") -> Iterator[Tuple[str, Any]]:
     for k in cfg.keys():
         v = cfg._get_node(k)
         full = f"{prefix}{k}"
-        if isinstance(v, DictConfig):
+        if isinstance(v, DictConfig) and OmegaConf.get_type(v) is dict:
+            yield full, OmegaConf.to_container(v)  # a free-form dict (env.kwargs) is one leaf
+        elif isinstance(v, DictConfig):
             yield from iter_keys(v, full + ".")
         else:
             yield full, OmegaConf.to_container(v) if OmegaConf.is_list(v) else v._value()

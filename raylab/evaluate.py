@@ -52,10 +52,13 @@ def check_checkpoint(path: Path, algo: str) -> None:
     name = checkpoint_algorithm(path)
     if name is None or not (path / MODULE_SUBDIR).is_dir():
         raise UserError(f"'{path}' is not a readable RLlib algorithm checkpoint")
-    if name.lower() != algo.lower():
+    from raylab.train import algorithm_class
+
+    expected = algorithm_class(algo).__name__
+    if name != expected:
         raise UserError(
-            f"checkpoint '{path}' was written by {name}, but this run trains {algo.upper()}; "
-            f"pick a checkpoint of this run (see {path.parent})"
+            f"checkpoint '{path}' was written by {name}, but this run trains {expected} "
+            f"(--algo {algo}); pick a checkpoint of this run"
         )
 
 

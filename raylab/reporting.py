@@ -223,12 +223,13 @@ class RaylabTuneCallback(tune.Callback):
         metrics = S.normalize(canonical_metrics(result, run["prev"]))
         step = env_steps(result)
         run["backend"].log(step, metrics)
-        run["prev"], run["last"] = result, metrics
+        # The summary keeps each tag's latest value (not every iteration reports every tag).
+        run["prev"], run["last"] = result, {**run["last"], **metrics}
         runtime = result.get(RUNTIME_KEY)
         if runtime is not None:
             run["manifest"] = self._manifest(run, runtime)
         run["dir"].update_summary(
-            final_metrics=metrics,
+            final_metrics=run["last"],
             env_steps=step,
             training_iteration=int(result.get("training_iteration", 0)),
             time_total_s=float(result.get("time_total_s", 0.0)),

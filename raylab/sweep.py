@@ -1,0 +1,309 @@
+"""`raylab tune FILE.yaml`: a Ray Tune hyperparameter sweep over raylab config keys.
+
+The YAML names the algorithm, task and sim, base overrides for every trial, a search space over
+raylab config keys (choice, uniform, loguniform, randint, grid), a scheduler (ASHA by default)
+on a canonical metric, the number of samples, concurrency and a per-trial budget. Each trial
+is one RLlib Algorithm composed from the base config plus its sampled overrides, runs through
+the same Tune callback as `raylab train`, and gets its own run directory
+(``<sweep>/trials/<trial_id>/``: events, run_config.json, run_summary.json). At the end the
+sweep writes ``sweep_summary.json`` / ``.csv`` (best config, metric per trial).
+``--resume`` restores an interrupted sweep from ``<sweep>/tune``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import yaml
+from omegaconf import OmegaConf
+
+from raylab.config import compose, iter_keys, to_dict
+from raylab.errors import UserError, choices_hint
+from raylab.metrics import schema as S
+
+SAMPLED_KEY = "raylab_sampled"
+DISTRIBUTIONS = ("choice", "uniform", "loguniform", "randint", "grid")
+SCHEDULERS = ("asha", "fifo")
+TOP_KEYS = (
+    "name", "algo", "task", "sim", "overrides", "search", "scheduler", "num_samples",
+    "max_concurrent_trials", "budget", "log_root",
+)
+
+
+class SweepSpec:
+    """A validated sweep YAML (one-line UserError on anything wrong)."""
+
+    def __init__(self, path: Path, data: Dict[str, Any], extra_overrides: List[str] = ()):
+        self.path = path
+        unknown = [k for k in data if k not in TOP_KEYS]
+        if unknown:
+            raise UserError(f"{path}: " + choices_hint(unknown[0], TOP_KEYS, "sweep key"))
+        self.name = str(data.get("name") or path.stem)
+        self.algo = str(data.get("algo", "appo"))
+        self.task = str(data.get("task", "microduck_balance"))
+        self.sim = str(data.get("sim", "mujoco"))
+        budget = data.get("budget") or {}
+        self.overrides = [str(o) for o in (data.get("overrides") or [])] + list(extra_overrides)
+        for key in ("total_steps", "time_budget_s"):
+            if key in budget:
+                self.overrides.append(f"training.{key}={budget[key]}")
+        self.base = compose(self.algo, self.task, self.sim, self.overrides)  # validates
+        keys = [k for k, _ in iter_keys(self.base)]
+        self.search: Dict[str, Dict[str, Any]] = data.get("search") or {}
+        if not isinstance(self.search, dict) or not self.search:
+            raise UserError(f"{path}: 'search' must map config keys to distributions")
+        for key, dist in self.search.items():
+            if key not in keys:
+                raise UserError(f"{path}: search " + choices_hint(key, keys, "config key"))
+            if not (isinstance(dist, dict) and len(dist) == 1 and next(iter(dist)) in DISTRIBUTIONS):
+                raise UserError(
+                    f"{path}: search.{key} must be one of {{{', '.join(DISTRIBUTIONS)}: ...}}, "
+                    f"got {dist!r}"
+                )
+            self._check_values(key, dist)
+        sched = data.get("scheduler") or {}
+        self.scheduler = str(sched.get("type", "asha"))
+        if self.scheduler not in SCHEDULERS:
+            raise UserError(f"{path}: " + choices_hint(self.scheduler, SCHEDULERS, "scheduler"))
+        self.metric = str(sched.get("metric", S.TRAIN_MEAN_REWARD))
+        metrics = (S.TRAIN_MEAN_REWARD, S.TRAIN_MEAN_EPISODE_LENGTH)
+        if self.metric not in metrics:
+            raise UserError(f"{path}: scheduler " + choices_hint(self.metric, metrics, "metric"))
+        self.mode = str(sched.get("mode", "max"))
+        if self.mode not in ("max", "min"):
+            raise UserError(f"{path}: scheduler mode '{self.mode}': valid choices: max, min")
+        self.grace_period = int(sched.get("grace_period", 5))
+        self.reduction_factor = float(sched.get("reduction_factor", 3))
+        self.num_samples = int(data.get("num_samples", 4))
+        self.max_concurrent = int(data.get("max_concurrent_trials", 1))
+        self.log_root = data.get("log_root")
+
+    def _check_values(self, key: str, dist: Dict[str, Any]) -> None:
+        kind, values = next(iter(dist.items()))
+        if kind in ("choice", "grid"):
+            if not isinstance(values, list) or not values:
+                raise UserError(f"{self.path}: search.{key}.{kind} needs a non-empty list")
+            candidates = values
+        else:
+            if not (isinstance(values, list) and len(values) == 2):
+                raise UserError(f"{self.path}: search.{key}.{kind} needs [low, high]")
+            low, high = (float(v) for v in values)
+            if not low < high or (kind == "loguniform" and low <= 0):
+                raise UserError(f"{self.path}: search.{key}.{kind} bounds {values} are invalid")
+            candidates = [values[0]]
+        for value in candidates:  # type-check each candidate against the schema
+            compose(self.algo, self.task, self.sim, self.overrides + [f"{key}={json.dumps(value)}"])
+
+    def param_space(self) -> Dict[str, Any]:
+        from ray import tune
+
+        space = {}
+        for key, dist in self.search.items():
+            kind, v = next(iter(dist.items()))
+            space[key] = {
+                "choice": lambda: tune.choice(v),
+                "grid": lambda: tune.grid_search(v),
+                "uniform": lambda: tune.uniform(float(v[0]), float(v[1])),
+                "loguniform": lambda: tune.loguniform(float(v[0]), float(v[1])),
+                "randint": lambda: tune.randint(int(v[0]), int(v[1])),
+            }[kind]()
+        return {SAMPLED_KEY: space}
+
+    def trial_config(self, sampled: Dict[str, Any]):
+        overrides = self.overrides + [f"{k}={json.dumps(v)}" for k, v in sorted(sampled.items())]
+        return compose(self.algo, self.task, self.sim, overrides)
+
+
+def load_spec(file: str, extra_overrides: List[str] = ()) -> SweepSpec:
+    path = Path(file)
+    if not path.is_file():
+        raise UserError(f"sweep file '{file}' does not exist (see tune_configs/)")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise UserError(f"{file}: not valid YAML: {str(e).splitlines()[0]}") from e
+    if not isinstance(data, dict):
+        raise UserError(f"{file}: a sweep file is a YAML mapping")
+    return SweepSpec(path, data, extra_overrides)
+
+
+def make_trainable(spec: SweepSpec, num_gpus_per_learner: float):
+    """The algorithm class, taking the sampled raylab overrides as its Tune config."""
+    from raylab.algorithms.build import build_algorithm_config
+    from raylab.train import algorithm_class
+
+    base_cls = algorithm_class(spec.algo)
+
+    def to_algorithm_config(config):
+        if isinstance(config, dict) and SAMPLED_KEY in config:
+            cfg = spec.trial_config(config[SAMPLED_KEY])
+            return build_algorithm_config(cfg, num_gpus_per_learner=num_gpus_per_learner)
+        return config
+
+    class SweepTrial(base_cls):
+        @classmethod
+        def default_resource_request(cls, config):
+            return base_cls.default_resource_request(to_algorithm_config(config).to_dict())
+
+        def __init__(self, config=None, **kwargs):
+            super().__init__(config=to_algorithm_config(config), **kwargs)
+
+    SweepTrial.__name__ = SweepTrial.__qualname__ = base_cls.__name__
+    return SweepTrial
+
+
+def sweep_dir_for(spec: SweepSpec) -> Path:
+    from datetime import datetime
+
+    root = Path(spec.log_root or "logs/sweeps").absolute()
+    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    path = root / f"{spec.name}_{stamp}"
+    path.mkdir(parents=True, exist_ok=False)
+    return path
+
+
+def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> int:
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    from raylab.algorithms.build import resolve_num_gpus_per_learner
+    from raylab.reporting import BudgetStopper, RaylabTuneCallback, StopRequest
+    from raylab.train import TUNE_DIR, init_ray
+
+    if resume:
+        sweep_dir = Path(resume)
+        saved = sweep_dir / "sweep.yaml"
+        if not saved.is_file():
+            raise UserError(f"--resume {resume}: not a raylab sweep directory (no sweep.yaml)")
+        spec = load_spec(str(saved))
+    else:
+        spec = load_spec(file, overrides)
+        sweep_dir = sweep_dir_for(spec)
+        data = yaml.safe_load(Path(file).read_text())
+        data["overrides"] = spec.overrides  # with the command-line extras and the budget
+        data.pop("budget", None)
+        (sweep_dir / "sweep.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    print(f"raylab: sweep directory: {sweep_dir}", file=sys.stderr, flush=True)
+
+    resources = init_ray(spec.base)
+    gpus = resolve_num_gpus_per_learner(spec.base, resources.get("GPU", 0.0))
+    trainable = make_trainable(spec, gpus)
+    StopRequest.install()
+
+    def run_dir_for(trial):
+        cfg = spec.trial_config(trial.config[SAMPLED_KEY])
+        path = sweep_dir / "trials" / trial.trial_id
+        path.mkdir(parents=True, exist_ok=True)
+        return path, to_dict(cfg)
+
+    if resume:
+        tuner = tune.Tuner.restore(
+            str(sweep_dir / TUNE_DIR), trainable=trainable, resume_unfinished=True,
+            resume_errored=True,
+        )
+    else:
+        if spec.scheduler == "asha":
+            scheduler = ASHAScheduler(
+                time_attr="training_iteration",
+                grace_period=spec.grace_period,
+                reduction_factor=spec.reduction_factor,
+            )
+        else:
+            scheduler = FIFOScheduler()
+        tuner = tune.Tuner(
+            trainable,
+            param_space=spec.param_space(),
+            tune_config=tune.TuneConfig(
+                metric=spec.metric,
+                mode=spec.mode,
+                scheduler=scheduler,
+                num_samples=spec.num_samples,
+                max_concurrent_trials=spec.max_concurrent,
+            ),
+            run_config=tune.RunConfig(
+                name=TUNE_DIR,
+                storage_path=str(sweep_dir),
+                stop=BudgetStopper(spec.base.training.total_steps, spec.base.training.time_budget_s),
+                checkpoint_config=tune.CheckpointConfig(
+                    checkpoint_frequency=spec.base.training.checkpoint_every,
+                    checkpoint_at_end=True,
+                    num_to_keep=2,
+                ),
+                callbacks=[RaylabTuneCallback(run_dir_for=run_dir_for)],
+                verbose=0,
+            ),
+        )
+    results = tuner.fit()
+    table = write_summary(spec, sweep_dir, results)
+    print_table(table, spec)
+    print(f"raylab: sweep summary in {sweep_dir / 'sweep_summary.json'}", file=sys.stderr)
+    return 0 if all(r.error is None for r in results) else 1
+
+
+def write_summary(spec: SweepSpec, sweep_dir: Path, results) -> Dict[str, Any]:
+    from raylab.metrics.rundir import read_summary, write_json_atomic
+
+    rows = []
+    for trial_dir in sorted((sweep_dir / "trials").glob("*")):
+        try:
+            summary = read_summary(trial_dir / "run_summary.json")
+            config = json.loads((trial_dir / "run_config.json").read_text())
+        except Exception:  # a trial that never reported: listed without a value
+            summary, config = {}, None
+        value = (summary.get("final_metrics") or {}).get(spec.metric)
+        sampled = {k: OmegaConf.select(OmegaConf.create(config), k) for k in spec.search} if config else {}
+        rows.append(
+            {
+                "trial_id": trial_dir.name,
+                "run_dir": str(trial_dir),
+                "status": summary.get("status", "unknown"),
+                "env_steps": summary.get("env_steps"),
+                "metric": value,
+                "config": sampled,
+            }
+        )
+    scored = [r for r in rows if isinstance(r["metric"], (int, float)) and math.isfinite(r["metric"])]
+    best = (max if spec.mode == "max" else min)(scored, key=lambda r: r["metric"]) if scored else None
+    table = {
+        "name": spec.name,
+        "algo": spec.algo,
+        "task": spec.task,
+        "metric": spec.metric,
+        "mode": spec.mode,
+        "best": best,
+        "trials": rows,
+    }
+    write_json_atomic(sweep_dir / "sweep_summary.json", table)
+    with open(sweep_dir / "sweep_summary.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        keys = list(spec.search)
+        writer.writerow(["trial_id", "status", "env_steps", spec.metric, *keys])
+        for r in rows:
+            writer.writerow([r["trial_id"], r["status"], r["env_steps"], r["metric"],
+                             *[r["config"].get(k) for k in keys]])
+    return table
+
+
+def print_table(table: Dict[str, Any], spec: SweepSpec) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"sweep {table['name']}: {table['metric']} ({table['mode']})")
+    t.add_column("trial")
+    t.add_column("status")
+    t.add_column("env steps", justify="right")
+    t.add_column(table["metric"], justify="right")
+    for key in spec.search:
+        t.add_column(key, justify="right")
+    best_id = (table["best"] or {}).get("trial_id")
+    for r in table["trials"]:
+        metric = f"{r['metric']:.3f}" if isinstance(r["metric"], float) else "-"
+        mark = " *" if r["trial_id"] == best_id else ""
+        t.add_row(r["trial_id"] + mark, r["status"], f"{r['env_steps'] or 0:,}", metric,
+                  *[str(r["config"].get(k)) for k in spec.search])
+    Console(stderr=False).print(t)

@@ -1,0 +1,99 @@
+"""`raylab tune`: sweep files validate fail-closed, and a tiny 2-trial sweep runs end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, run_cli
+from raylab.errors import UserError
+from raylab.metrics import schema as S
+from raylab.metrics.extract import extract
+from raylab.metrics.rundir import read_summary
+from raylab.sweep import load_spec
+
+SHIPPED = sorted((REPO / "tune_configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_shipped_sweeps_compose(path):
+    spec = load_spec(str(path))
+    assert spec.search and spec.metric == S.TRAIN_MEAN_REWARD
+    # every search key is a real config key of that algorithm and task
+    cfg = spec.trial_config({k: None for k in []})
+    assert cfg.algo.name == spec.algo and cfg.task == spec.task
+
+
+def test_shipped_sweeps_cover_the_asked_combinations():
+    combos = {(load_spec(str(p)).algo, load_spec(str(p)).task) for p in SHIPPED}
+    assert ("appo", "microduck_balance") in combos
+    assert ("sac", "microduck_balance") in combos
+
+
+def _write(tmp_path, **data) -> Path:
+    base = {"algo": "appo", "task": "Pendulum-v1", "search": {"algo.lr": {"choice": [1e-3]}}}
+    base.update(data)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(base))
+    return path
+
+
+@pytest.mark.parametrize(
+    "data,needle",
+    [
+        ({"search": {"algo.lrr": {"choice": [1]}}}, "did you mean 'algo.lr'"),
+        ({"search": {"algo.lr": {"normal": [0, 1]}}}, "choice, uniform, loguniform"),
+        ({"search": {"algo.lr": {"loguniform": [0, 1]}}}, "invalid"),
+        ({"search": {"algo.lr": {"choice": ["fast"]}}}, "algo.lr"),
+        ({"scheduler": {"type": "pbt"}}, "asha"),
+        ({"scheduler": {"metric": "Perf/total_fps"}}, "Train/mean_reward"),
+        ({"colour": "red"}, "unknown sweep key 'colour'"),
+        ({"overrides": ["algo.nope=1"]}, "algo.nope"),
+    ],
+)
+def test_bad_sweep_files_fail_with_one_line(tmp_path, data, needle):
+    with pytest.raises(UserError, match=None) as e:
+        load_spec(str(_write(tmp_path, **data)))
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_missing_sweep_file_is_one_line_exit_2(tmp_path):
+    r = run_cli("tune", str(tmp_path / "none.yaml"), timeout=60)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_two_trial_sweep_end_to_end(tmp_path):
+    path = _write(
+        tmp_path,
+        name="tiny",
+        log_root=str(tmp_path / "sweeps"),
+        overrides=[
+            "env.num_envs=4", "algo.train_batch_size=256", "algo.hidden=[32,32]",
+            "resources.dashboard=false", "training.checkpoint_every=2",
+        ],
+        search={"algo.lr": {"grid": [3e-4, 1e-3]}},
+        scheduler={"type": "fifo"},
+        num_samples=1,
+        max_concurrent_trials=1,
+        budget={"time_budget_s": 8},
+    )
+    r = run_cli("tune", str(path), timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (sweep_dir,) = (tmp_path / "sweeps").glob("tiny_*")
+    table = json.loads((sweep_dir / "sweep_summary.json").read_text())
+    assert len(table["trials"]) == 2
+    lrs = sorted(t["config"]["algo.lr"] for t in table["trials"])
+    assert lrs == [3e-4, 1e-3]
+    assert table["best"] is not None and table["best"]["trial_id"] in {t["trial_id"] for t in table["trials"]}
+    for t in table["trials"]:
+        run_dir = Path(t["run_dir"])
+        summary = read_summary(run_dir / "run_summary.json")
+        assert summary["status"] == "completed"
+        config = json.loads((run_dir / "run_config.json").read_text())
+        assert config["algo"]["lr"] == t["config"]["algo.lr"]
+        assert all(S.is_canonical(tag) for tag in extract(run_dir).tags)
+    assert (sweep_dir / "sweep_summary.csv").read_text().count("\n") == 3
+    assert "tiny" in r.stdout and "algo.lr" in r.stdout

@@ -1,0 +1,165 @@
+"""`raylab train` / `raylab eval` end to end: real Ray, real RLlib, real MuJoCo, short budgets.
+
+Each algorithm trains once per task (module-scoped fixtures); the tests then read what the run
+left behind: canonical event files (read back with TensorBoard's reader), run_summary.json with
+its runtime manifest, checkpoints, and what `raylab eval` does with them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from raylab.metrics import schema as S
+from raylab.metrics.extract import extract
+from raylab.metrics.manifest import validate_manifest
+from raylab.metrics.rundir import read_summary
+
+ALGOS = ("ppo", "appo", "sac")
+# Small, fast settings per algorithm so each run does several iterations in its budget.
+FAST = {
+    "ppo": ["algo.train_batch_size=512", "algo.minibatch_size=128", "algo.num_epochs=2"],
+    "appo": ["algo.train_batch_size=256"],
+    "sac": ["algo.learning_starts=200", "algo.batch_size=64"],
+}
+COMMON = [
+    "resources.dashboard=false",
+    "training.terminal=plain",
+    "training.checkpoint_every=2",
+    "algo.hidden=[64,64]",
+]
+
+
+def train_run(tmp_path_factory, algo: str, task: str, seconds: int, extra=()) -> Path:
+    run_dir = tmp_path_factory.mktemp(f"{algo}_{task.replace('/', '_')}") / "run"
+    r = run_cli(
+        "train", "--algo", algo, "--task", task,
+        f"training.log_dir={run_dir}", f"training.time_budget_s={seconds}",
+        "env.num_envs=4", *COMMON, *FAST[algo], *extra,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"run directory: {run_dir}" in r.stderr
+    return run_dir
+
+
+TASKS = ("Pendulum-v1", "microduck_balance")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Train each (algo, task) once per test module, on first use."""
+    cache = {}
+
+    def get(algo: str, task: str = "Pendulum-v1") -> Path:
+        if (algo, task) not in cache:
+            cache[algo, task] = train_run(tmp_path_factory, algo, task, 14)
+        return cache[algo, task]
+
+    return get
+
+
+@pytest.fixture(scope="module", params=[(a, t) for t in TASKS for a in ALGOS],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def pendulum_run(request, runs):
+    algo, task = request.param
+    return algo, runs(algo, task)
+
+
+def test_run_writes_canonical_event_files(pendulum_run):
+    algo, run_dir = pendulum_run
+    table = extract(run_dir)  # TensorBoard's reader; fails closed on any non-canonical tag
+    assert table.tags, "no metrics were written"
+    for tag in table.tags:
+        assert S.is_canonical(tag), tag
+        assert algo in S.spec_of(tag).algorithms or not S.spec_of(tag).algorithms or tag in (
+            S.PERF_ENV_RUNNER_RESTARTS,
+        ), (algo, tag)
+    # x-axis: env steps sampled, strictly increasing
+    assert table.steps == sorted(set(table.steps)) and table.steps[-1] > 0
+    for tag in (S.PERF_TOTAL_FPS, S.PERF_ITERATION_TIME, S.PERF_LEARNING_TIME):
+        assert tag in table.tags, tag
+    assert S.TRAIN_MEAN_REWARD in table.tags
+
+
+def test_main_phases_add_up_to_the_iteration_wall(pendulum_run):
+    algo, run_dir = pendulum_run
+    summary = read_summary(run_dir / "run_summary.json")
+    m = summary["final_metrics"]
+    wall = m[S.PERF_ITERATION_TIME]
+    accounted = sum(S.to_seconds(t, m[t]) for t in S.LEARNER_MAIN_PHASES[algo] if t in m)
+    assert wall > 0
+    # Means of per-iteration values: accounted can never exceed the wall (Other >= 0).
+    assert accounted <= wall * 1.001 + 1e-6, (accounted, wall)
+    assert S.learner_other_s(m, algo) >= 0.0
+
+
+def test_summary_and_manifest(pendulum_run):
+    algo, run_dir = pendulum_run
+    summary = read_summary(run_dir / "run_summary.json")  # validates fail-closed
+    assert summary["metric_schema_version"] == S.METRIC_SCHEMA_VERSION
+    assert summary["status"] == "completed"
+    assert summary["env_steps"] > 0 and summary["end_time"]
+    manifest = summary["runtime_manifest"]
+    validate_manifest(manifest)
+    assert len(manifest["env_runners"]) == 1 and manifest["envs_per_runner"] == 4
+    assert manifest["env_runners"][0]["num_envs"] == 4
+    assert len(manifest["learners"]) == 1 and manifest["learners"][0]["device"] == "cpu"
+    config = json.loads((run_dir / "run_config.json").read_text())
+    assert config["algo"]["name"] == algo and config["task"] in TASKS
+
+
+def test_checkpoint_and_eval(pendulum_run):
+    algo, run_dir = pendulum_run
+    task = json.loads((run_dir / "run_config.json").read_text())["task"]
+    summary = read_summary(run_dir / "run_summary.json")
+    assert Path(summary["last_checkpoint"]).is_dir()
+    r = run_cli("eval", str(run_dir), "--episodes", "2", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads((run_dir / "eval.json").read_text())
+    assert out["episodes"] == 2 and out["seeds"] == [1000, 1001]
+    limit, low, high = {"Pendulum-v1": (200, -2000, 0), "microduck_balance": (250, 0, 500)}[task]
+    assert out["mean_episode_length"] == limit  # both tasks end on their time limit
+    assert out["algo"] == algo and low < out["mean_return"] <= high
+    assert 0.0 <= out["survival"] <= 1.0
+    # Deterministic policy + fixed seeds: the same numbers twice.
+    r2 = run_cli("eval", str(run_dir), "--episodes", "2", timeout=300)
+    assert r2.returncode == 0
+    assert json.loads((run_dir / "eval.json").read_text())["returns"] == out["returns"]
+
+
+def test_eval_refuses_a_checkpoint_of_another_algorithm(runs):
+    run_dir = runs("ppo")
+    ckpt = read_summary(runs("appo") / "run_summary.json")["last_checkpoint"]
+    r = run_cli("eval", str(run_dir), "--checkpoint", ckpt, timeout=120)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert "APPO" in lines[-1] and "PPO" in lines[-1] and "Traceback" not in r.stderr
+
+
+def test_gpu_requested_without_gpu_is_one_line(tmp_path):
+    r = run_cli(
+        "train", "--task", "Pendulum-v1", "resources.num_gpus_per_learner=1",
+        "resources.dashboard=false", f"training.log_dir={tmp_path / 'run'}", timeout=300,
+    )
+    assert r.returncode == 2
+    last = r.stderr.strip().splitlines()[-1]
+    assert "num_gpus_per_learner=1" in last and "GPU" in last and "Traceback" not in r.stderr
+
+
+def test_resume_of_a_missing_run_is_one_line(tmp_path):
+    r = run_cli("train", "--resume", str(tmp_path / "nope"), timeout=60)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_corrupt_checkpoint_is_one_line(runs, tmp_path):
+    run_dir = runs("appo")
+    bad = tmp_path / "checkpoint_999999"
+    bad.mkdir()
+    (bad / "class_and_ctor_args.pkl").write_bytes(b"not a pickle")
+    r = run_cli("eval", str(run_dir), "--checkpoint", str(bad), timeout=120)
+    assert r.returncode == 2 and "not a readable RLlib algorithm checkpoint" in r.stderr

@@ -34,7 +34,7 @@ class RaylabCallbacks(RLlibCallback):
         if self._runtime_key != restarts:
             from raylab.reporting import RUNTIME_KEY
 
-            result[RUNTIME_KEY] = runtime_info(algorithm)
+            result[RUNTIME_KEY] = {**runtime_info(algorithm), "restarts": restarts}
             self._runtime_key = restarts
 
     def on_episode_end(self, *, episode, env_runner=None, metrics_logger=None, **kwargs):

@@ -248,6 +248,10 @@ def _parse_overrides(cfg: DictConfig, overrides) -> DictConfig:
             raise UserError(f"unknown config key '{key}'{hint}{where}")
         try:
             parsed = OmegaConf.from_dotlist([item])
+            if _is_str_field(cfg, key) and not isinstance(OmegaConf.select(parsed, key), str):
+                # YAML would read `off`, `no`, `1e-3` as bool / number; a str field keeps the text.
+                parsed = OmegaConf.create({})
+                OmegaConf.update(parsed, key, value.strip("'\""), force_add=True)
             out = OmegaConf.merge(out, parsed)
             OmegaConf.merge(cfg, parsed)  # type check against the schema now, per item
         except ValidationError as e:
@@ -256,6 +260,17 @@ def _parse_overrides(cfg: DictConfig, overrides) -> DictConfig:
         except (ConfigKeyError, OmegaConfBaseException) as e:
             raise UserError(f"bad override '{item}': {str(e).splitlines()[0]}") from e
     return out
+
+
+def _is_str_field(cfg: DictConfig, key: str) -> bool:
+    parent, _, leaf = key.rpartition(".")
+    obj_type = OmegaConf.get_type(OmegaConf.select(cfg, parent) if parent else cfg)
+    if not dataclasses.is_dataclass(obj_type):
+        return False
+    for f in dataclasses.fields(obj_type):
+        if f.name == leaf:
+            return f.type in (str, "str", Optional[str], "Optional[str]")
+    return False
 
 
 def _under_open_dict(cfg: DictConfig, key: str) -> bool:

@@ -222,7 +222,13 @@ class RaylabTuneCallback(tune.Callback):
         run = self._run(trial)
         metrics = S.normalize(canonical_metrics(result, run["prev"]))
         step = env_steps(result)
-        run["backend"].log(step, metrics)
+        # Each tag once per step: an iteration that sampled nothing new (an asynchronous
+        # learner can finish one before fresh samples arrive) is held and merged into the
+        # next step's values.
+        run["pending"] = {**run.get("pending", {}), **metrics}
+        if step > run.get("logged_step", -1):
+            run["backend"].log(step, run.pop("pending"))
+            run["logged_step"] = step
         # The summary keeps each tag's latest value (not every iteration reports every tag).
         run["prev"], run["last"] = result, {**run["last"], **metrics}
         runtime = result.get(RUNTIME_KEY)

@@ -160,7 +160,7 @@ def make_trainable(spec: SweepSpec, num_gpus_per_learner: float):
 def sweep_dir_for(spec: SweepSpec) -> Path:
     from datetime import datetime
 
-    root = Path(spec.log_root or "logs/sweeps").absolute()
+    root = Path(spec.log_root or spec.base.training.log_root or "logs/sweeps").absolute()
     stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     path = root / f"{spec.name}_{stamp}"
     path.mkdir(parents=True, exist_ok=False)

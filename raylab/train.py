@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from raylab.config import compose, to_dict
 from raylab.errors import UserError
@@ -116,9 +116,8 @@ def init_ray(cfg: DictConfig) -> dict:
                 address=address, runtime_env=runtime_env, log_to_driver=True,
                 logging_level="ERROR",
             )
-        except (ConnectionError, TimeoutError, ray.exceptions.AuthenticationError) as e:
-            raise _join_error(address, e) from None
-        except RuntimeError as e:  # e.g. "Failed to connect to GCS ..."
+        except (ConnectionError, TimeoutError, RuntimeError,
+                ray.exceptions.AuthenticationError) as e:  # RuntimeError: "Failed to connect"
             raise _join_error(address, e) from None
         if job_env is not None and not (cfg.training.log_dir or cfg.training.log_root):
             _say(
@@ -219,6 +218,7 @@ def train(algo: str, task: str, sim: str, overrides, resume: Optional[str] = Non
             raise UserError(f"--resume {resume}: no Tune experiment in {run_dir / TUNE_DIR}")
     else:
         cfg = compose(algo, task, sim, overrides)
+        init_ray(cfg)  # join the cluster (or start Ray) before claiming a run directory
         run_dir = resolve_run_dir(cfg)
         RunDirectory(run_dir).write_config(to_dict(cfg))
     _say(f"run directory: {run_dir}")

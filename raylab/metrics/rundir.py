@@ -151,6 +151,13 @@ def resolve_run_dir(cfg: Any, now: Optional[datetime] = None, create: bool = Tru
     raises :class:`UserError`.
     """
     log_dir = cfg_select(cfg, "training.log_dir")
+    for key in ("training.log_dir", "training.log_root"):
+        value = cfg_select(cfg, key)
+        if value and "://" in str(value):
+            raise UserError(
+                f"{key}={value}: cloud storage URIs are not supported yet; use a shared "
+                "filesystem path mounted at the same place on every node"
+            )
     if log_dir:
         path = Path(str(log_dir)).expanduser().absolute()
         if path.exists():

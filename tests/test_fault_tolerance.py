@@ -1,0 +1,246 @@
+"""Faults during real training on a real local head node (token authentication on).
+
+1. An EnvRunner process is killed (SIGKILL) in the middle of training: RLlib's fault tolerance
+   (restart_failed_env_runners) restarts it, training goes on to its budget, and the restart is
+   counted (Perf/env_runner_restarts in the event files and in run_summary.json).
+2. The whole driver (`raylab train`) is killed (SIGKILL) after a checkpoint; `raylab train
+   --resume RUN_DIR` restores the Tune experiment from that checkpoint and continues: step and
+   iteration counters go on from the checkpoint's values, not from zero.
+
+The driver is the `raylab train` command joining the head (resources.ray_address), so killing
+it leaves the cluster up, as on a real cluster. Each scenario runs once (module fixtures) and
+several tests check what it left. The head and every process of these runs are ended at the
+end, also on failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from raylab.metrics import schema as S
+from raylab.metrics.extract import extract
+from raylab.metrics.rundir import read_summary
+from test_cluster_head import RAYLAB, LocalHead
+
+pytestmark = pytest.mark.slow
+
+STARTUP_TIMEOUT_S = 240  # a loaded 2-core machine takes 20-60 s to start a training
+
+
+@pytest.fixture(scope="module")
+def head():
+    with LocalHead(num_cpus=4) as h:
+        yield h
+
+
+def _summary(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "run_summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _start_driver(head: LocalHead, run_dir: Path, log: Path, *overrides: str) -> subprocess.Popen:
+    cmd = [
+        RAYLAB, "train", "--algo", "appo", "--task", "Pendulum-v1", "env.num_envs=4",
+        f"resources.ray_address={head.gcs_address}", "training.terminal=plain",
+        f"training.log_dir={run_dir}", *overrides,
+    ]
+    return subprocess.Popen(
+        cmd, env=head.env(), stdout=open(log, "w"), stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=30)
+
+
+def _wait(predicate, timeout: float, what: str, proc: Optional[subprocess.Popen] = None,
+          log: Optional[Path] = None):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            break
+        time.sleep(0.3)
+    tail = log.read_text(errors="replace")[-4000:] if log is not None and log.exists() else ""
+    raise AssertionError(f"timed out waiting for {what}\n{tail}")
+
+
+# ------------------------------------------------------------------------- EnvRunner killed
+
+
+@pytest.fixture(scope="module")
+def envrunner_killed(head, tmp_path_factory):
+    """Train 20 s with 2 EnvRunners; SIGKILL raylab-envrunner-1 after iteration 3."""
+    base = tmp_path_factory.mktemp("envrunner_kill")
+    run_dir, log = base / "run", base / "driver.log"
+    proc = _start_driver(head, run_dir, log, "resources.num_env_runners=2",
+                         "training.time_budget_s=20", "training.checkpoint_every=0")
+    try:
+        at_kill = _wait(lambda: (s := _summary(run_dir)).get("training_iteration", 0) >= 3 and s,
+                        STARTUP_TIMEOUT_S, "iteration 3", proc, log)
+        victim = _wait(
+            lambda: next((a for a in head.actors() if a.get("repr_name") == "raylab-envrunner-1"
+                          and a["state"] == "ALIVE"), None),
+            30, "the raylab-envrunner-1 actor in the state API", proc, log)
+        os.kill(int(victim["pid"]), signal.SIGKILL)
+        rc = proc.wait(timeout=300)
+    finally:
+        _kill_group(proc)
+    actors_after = [a for a in head.actors() if a.get("repr_name") == "raylab-envrunner-1"]
+    return {
+        "rc": rc, "log": log.read_text(errors="replace"), "run_dir": run_dir,
+        "at_kill": at_kill, "victim": victim, "actors_after": actors_after,
+    }
+
+
+def test_killed_env_runner_is_restarted_and_training_continues(envrunner_killed):
+    f = envrunner_killed
+    assert f["rc"] == 0, f["log"][-4000:]
+    summary = read_summary(f["run_dir"])
+    assert summary["status"] == "completed"
+    # Training went on well past the kill (to its 20 s budget) ...
+    assert summary["training_iteration"] >= f["at_kill"]["training_iteration"] + 5
+    assert summary["env_steps"] > f["at_kill"]["env_steps"]
+    assert summary["time_total_s"] >= 20
+    # ... with the same actor restarted in a new process (Ray actor restart, state API) ...
+    assert any(int(a.get("num_restarts") or 0) >= 1 for a in f["actors_after"]), f["actors_after"]
+    # ... which the run's manifest shows too (placement refreshed after the restart).
+    runners = {r["index"]: r for r in summary["runtime_manifest"]["env_runners"]}
+    assert set(runners) == {1, 2}
+    assert runners[1]["pid"] != int(f["victim"]["pid"])
+
+
+def test_env_runner_restart_is_counted_in_metrics_and_run_summary(envrunner_killed):
+    f = envrunner_killed
+    summary = read_summary(f["run_dir"])
+    assert summary["final_metrics"][S.PERF_ENV_RUNNER_RESTARTS] >= 1
+    # The event files: 0 before the kill, >= 1 after it, and steps still growing after that.
+    column = extract(f["run_dir"]).column(S.PERF_ENV_RUNNER_RESTARTS)
+    before = [step for step, v in column if v == 0]
+    after = [step for step, v in column if v >= 1]
+    assert before and after and max(before) < min(after)
+    assert min(before) <= f["at_kill"]["env_steps"]
+    assert len(after) >= 3 and after == sorted(after)
+
+
+def test_runtime_manifest_counts_env_runner_restarts(envrunner_killed):
+    summary = read_summary(envrunner_killed["run_dir"])
+    assert summary["runtime_manifest"]["counters"]["env_runner_restarts"] >= 1
+
+
+# ------------------------------------------------------------------------- driver killed
+
+
+def checkpoint_counters(checkpoint: Path):
+    """(training_iteration, env steps sampled) stored in an RLlib Algorithm checkpoint.
+
+    RLlib 2.60 keeps them in algorithm_state.pkl: the iteration and the MetricsLogger state,
+    whose lifetime sums are the counters a restored Algorithm continues from.
+    """
+    with open(checkpoint / "algorithm_state.pkl", "rb") as fh:
+        state = pickle.load(fh)
+    stats = state["metrics_logger"]["stats"]
+    return int(state["training_iteration"]), int(
+        stats["env_runners--num_env_steps_sampled_lifetime"]["lifetime_sum"])
+
+
+def _event_steps(path: Path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(path), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [e.step for e in acc.Scalars(S.PERF_TOTAL_FPS)]
+
+
+@pytest.fixture(scope="module")
+def driver_killed_and_resumed(head, tmp_path_factory):
+    """Train (25 s budget, checkpoint every 10 iterations of >= 1 s); SIGKILL the driver 7 s
+    after the first checkpoint (Tune has recorded it by then, and the next one is >= 3 s away),
+    then `raylab train --resume RUN_DIR`."""
+    base = tmp_path_factory.mktemp("driver_kill")
+    run_dir, log = base / "run", base / "driver.log"
+    proc = _start_driver(head, run_dir, log, "training.time_budget_s=25",
+                         "training.checkpoint_every=10")
+    try:
+        _wait(lambda: _summary(run_dir).get("last_checkpoint"), STARTUP_TIMEOUT_S,
+              "the first checkpoint", proc, log)
+        time.sleep(7.0)  # > TUNE_GLOBAL_CHECKPOINT_S (5 s, set by init_ray)
+        at_kill = _summary(run_dir)
+        checkpoints = sorted((run_dir / "tune").glob("*/checkpoint_*"))
+        _kill_group(proc)
+    finally:
+        _kill_group(proc)
+    # Read before resuming: the resumed run rotates old checkpoints away (num_to_keep).
+    counters = checkpoint_counters(checkpoints[-1]) if checkpoints else None
+    first_events = sorted(run_dir.glob("events.out.tfevents.*"))
+    # The driver's actors die with it (fate sharing); wait until their CPUs are free again.
+    _wait(lambda: not [a for a in head.actors() if a["state"] == "ALIVE"
+                       and (a.get("repr_name") or "").startswith("raylab-")],
+          60, "the killed driver's actors to end")
+    resume = subprocess.run(
+        [RAYLAB, "train", "--resume", str(run_dir)], env=head.env(), capture_output=True,
+        text=True, timeout=420,
+    )
+    return {
+        "run_dir": run_dir, "log": log.read_text(errors="replace"), "at_kill": at_kill,
+        "checkpoints": checkpoints, "counters": counters, "first_events": first_events,
+        "resume": resume,
+    }
+
+
+def test_driver_kill_then_resume_continues_from_the_last_checkpoint(driver_killed_and_resumed):
+    f = driver_killed_and_resumed
+    r = f["resume"]
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-4000:])
+    at_kill, checkpoints = f["at_kill"], f["checkpoints"]
+    assert checkpoints and at_kill.get("status") == "running"
+    last = checkpoints[-1]
+    assert at_kill["last_checkpoint"] == str(last)
+    # Tune restored the newest checkpoint on disk when the driver died.
+    restored = re.findall(r"Restored on \S+ from checkpoint: Checkpoint\(.*?path=([^)]+)\)",
+                          r.stdout + r.stderr)
+    assert restored == [str(last)], (restored, r.stderr[-3000:])
+
+    summary = read_summary(f["run_dir"])
+    assert summary["status"] == "completed"
+    assert summary["time_total_s"] >= 25  # the budget counts the time before the kill too
+    ckpt_iteration, ckpt_steps = f["counters"]
+    assert summary["training_iteration"] > at_kill["training_iteration"] > ckpt_iteration
+    assert summary["env_steps"] > at_kill["env_steps"] > ckpt_steps
+
+
+def test_resume_keeps_the_step_counters(driver_killed_and_resumed):
+    f = driver_killed_and_resumed
+    ckpt_iteration, ckpt_steps = f["counters"]
+    events = sorted(f["run_dir"].glob("events.out.tfevents.*"))
+    resumed = [e for e in events if e not in f["first_events"]]
+    assert len(f["first_events"]) == 1 and len(resumed) == 1, events
+    before, after = _event_steps(f["first_events"][0]), _event_steps(resumed[0])
+    assert ckpt_steps in before  # the checkpointed iteration was logged before the kill
+    # The resumed driver's first step continues from the checkpoint's counter (not from 0),
+    # and it re-does the steps after the checkpoint that the kill threw away.
+    assert ckpt_steps <= after[0] < before[-1]
+    assert after == sorted(after) and after[-1] == read_summary(f["run_dir"])["env_steps"]
+    # The reader merges both files: for a re-logged step the resumed value wins.
+    table = extract(f["run_dir"])
+    assert table.steps == sorted(set(before) | set(after))

@@ -1,0 +1,109 @@
+"""`raylab train` as a Ray job on a real local head node (token authentication on).
+
+The job is submitted with the real `ray job submit` CLI, exactly as cluster/README.md shows
+(RAY_AUTH_MODE=token and RAY_AUTH_TOKEN carried by the client). It must join the running
+cluster (no second Ray) and write its run directory under the training.log_root it was given.
+The head is stopped at the end of the module, also when a test fails.
+
+The runtime_env of cluster/runtime_env.yaml is not used here: on this machine it would clone
+the whole virtualenv (torch included) for the job; raylab is already installed on this "node".
+tests/test_cluster_configs.py validates that file.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import time
+
+import pytest
+
+from raylab.metrics import schema as S
+from raylab.metrics.extract import extract
+from raylab.metrics.rundir import read_summary
+from test_cluster_head import RAY, LocalHead
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def head():
+    with LocalHead(num_cpus=3) as h:
+        yield h
+
+
+def cli_submit(head: LocalHead, entrypoint: str, runtime_env: dict, timeout: float = 90.0) -> str:
+    """`ray job submit --no-wait` with the client environment a user has (token carried)."""
+    submission_id = f"raylab-test-{time.time_ns()}"
+    cmd = [
+        RAY, "job", "submit", "--address", head.url, "--submission-id", submission_id,
+        "--runtime-env-json", json.dumps(runtime_env), "--no-wait", "--", *shlex.split(entrypoint),
+    ]
+    deadline = time.time() + timeout
+    while True:
+        r = subprocess.run(cmd, env=head.env(), capture_output=True, text=True, timeout=120)
+        if r.returncode == 0:
+            head.job_ids.append(submission_id)
+            return submission_id
+        if "No available agent" not in r.stdout + r.stderr or time.time() > deadline:
+            raise AssertionError(f"ray job submit failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+        time.sleep(2.0)
+
+
+def test_raylab_train_job_joins_the_cluster_and_writes_under_log_root(head, tmp_path):
+    log_root = tmp_path / "shared" / "raylab-runs"  # the "shared storage" the job names
+    entrypoint = (
+        "raylab train --algo appo --task Pendulum-v1 env.num_envs=8 training.time_budget_s=12 "
+        f"training.checkpoint_every=0 training.terminal=plain training.log_root={log_root}"
+    )
+    job_id = cli_submit(head, entrypoint, {"env_vars": {"RAYLAB_TEST_JOB": "1"}})
+    status = head.wait_job(job_id, timeout=360)
+    logs = head.client().get_job_logs(job_id)
+    assert status == "SUCCEEDED", logs[-4000:]
+
+    # It joined the head (the job supervisor's RAY_ADDRESS), and started no Ray of its own.
+    assert f"joining Ray cluster at {head.gcs_address} (Ray job)" in logs
+    assert "Started a local Ray instance" not in logs
+
+    # The run directory is where the job said.
+    runs = sorted(p for p in log_root.iterdir() if p.is_dir())
+    assert len(runs) == 1, runs
+    run_dir = runs[0]
+    assert f"run directory: {run_dir}" in logs
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed"
+    assert summary["env_steps"] > 0
+    config = json.loads((run_dir / "run_config.json").read_text())
+    assert config["training"]["log_root"] == str(log_root)
+    # The runtime manifest names exactly the head's node: the job ran on this cluster.
+    head_nodes = {n["node_id"] for n in head.nodes()}
+    manifest = summary["runtime_manifest"]
+    assert {n["node_id"] for n in manifest["nodes"]} == head_nodes
+    assert {a["node_id"] for a in manifest["env_runners"] + manifest["learners"]} <= head_nodes
+    # Tune's experiment (checkpoint at the end) lives inside the run directory too.
+    assert list((run_dir / "tune").glob("*/checkpoint_*")), "no checkpoint under run_dir/tune"
+
+    # Canonical event files, read back with the fail-closed reader.
+    table = extract(run_dir)
+    assert S.PERF_TOTAL_FPS in table.tags and S.PERF_ITERATION_TIME in table.tags
+    fps = [v for step, v in table.column(S.PERF_TOTAL_FPS) if step > 0]
+    assert len(fps) >= 2 and all(v > 0 for v in fps)
+    steps = table.steps
+    assert steps == sorted(steps) and steps[-1] == summary["env_steps"]
+
+
+def test_a_job_without_a_cluster_address_refuses_to_start_its_own_ray(head, tmp_path):
+    """With RAY_ADDRESS removed inside the job, raylab stops with one line: no second Ray."""
+    entrypoint = (
+        "env -u RAY_ADDRESS raylab train --algo appo --task Pendulum-v1 "
+        f"training.log_root={tmp_path / 'runs'}"
+    )
+    job_id = cli_submit(head, entrypoint, {})
+    status = head.wait_job(job_id, timeout=180)
+    logs = head.client().get_job_logs(job_id)
+    assert status == "FAILED", logs[-3000:]
+    errors = [line for line in logs.splitlines() if line.startswith("raylab: error:")]
+    assert len(errors) == 1 and "refusing to start a second Ray" in errors[0], logs[-3000:]
+    assert "Traceback" not in logs
+    assert "Started a local Ray instance" not in logs

@@ -59,6 +59,9 @@ class TrainingConfig:
     time_budget_s: Optional[float] = _f(
         180.0, "stop after this many seconds of training (null: no time limit)"
     )
+    stop_reward: Optional[float] = _f(
+        None, "also stop once Train/mean_reward reaches this value (null: never)"
+    )
     checkpoint_every: int = _f(20, "checkpoint every N training iterations (0: only at the end)")
     iteration_s: float = _f(
         1.0, "minimum wall time of one training iteration (RLlib min_time_s_per_iteration)"

@@ -143,14 +143,20 @@ class StopRequest:
 
 
 class BudgetStopper(tune.Stopper):
-    """Stop on env steps or wall time, whichever first, or on a stop request."""
+    """Stop on env steps, wall time or a target mean reward, whichever first, or on request."""
 
-    def __init__(self, total_steps: int, time_budget_s: Optional[float]):
+    def __init__(
+        self, total_steps: int, time_budget_s: Optional[float], stop_reward: Optional[float] = None
+    ):
         self.total_steps = int(total_steps)
         self.time_budget_s = time_budget_s
+        self.stop_reward = stop_reward
 
     def __call__(self, trial_id: str, result: Dict[str, Any]) -> bool:
         if env_steps(result) >= self.total_steps:
+            return True
+        reward = result.get(S.TRAIN_MEAN_REWARD)
+        if self.stop_reward is not None and _finite(reward) and reward >= self.stop_reward:
             return True
         if self.time_budget_s is not None and result.get("time_total_s", 0) >= self.time_budget_s:
             return True
@@ -234,6 +240,15 @@ class RaylabTuneCallback(tune.Callback):
         runtime = result.get(RUNTIME_KEY)
         if runtime is not None:
             run["manifest"] = self._manifest(run, runtime)
+        if run["manifest"] is not None:
+            # Run counters: restarts, and the replay size / timeout rate where they exist.
+            for name, tag in (
+                ("env_runner_restarts", S.PERF_ENV_RUNNER_RESTARTS),
+                ("replay_buffer_size", S.PERF_REPLAY_BUFFER_SIZE),
+                ("episode_timeout_rate", S.EPISODE_TIMEOUT_RATE),
+            ):
+                if tag in run["last"]:
+                    run["manifest"]["counters"][name] = float(run["last"][tag])
         run["dir"].update_summary(
             final_metrics=run["last"],
             env_steps=step,

@@ -228,7 +228,11 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
             run_config=tune.RunConfig(
                 name=TUNE_DIR,
                 storage_path=str(sweep_dir),
-                stop=BudgetStopper(spec.base.training.total_steps, spec.base.training.time_budget_s),
+                stop=BudgetStopper(
+                    spec.base.training.total_steps,
+                    spec.base.training.time_budget_s,
+                    spec.base.training.stop_reward,
+                ),
                 checkpoint_config=tune.CheckpointConfig(
                     checkpoint_frequency=spec.base.training.checkpoint_every,
                     checkpoint_at_end=True,

@@ -1,0 +1,200 @@
+"""raylab's SAC: device replay ring, replay ratio, the fused update, data parallel, learning."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from conftest import run_cli
+from raylab.algorithms.replay import DeviceReplay
+from raylab.algorithms.sac import owed_updates
+from raylab.algorithms.sac_module import squashed_gaussian_sample
+from raylab.metrics import schema as S
+from raylab.metrics.extract import extract
+from raylab.metrics.rundir import read_summary
+
+
+def batch(n, start=0, obs_dim=3, act_dim=1):
+    idx = np.arange(start, start + n, dtype=np.float32)
+    return {
+        "obs": np.repeat(idx[:, None], obs_dim, 1),
+        "actions": np.repeat(idx[:, None], act_dim, 1) / 1000,
+        "rewards": idx,
+        "next_obs": np.repeat(idx[:, None] + 0.5, obs_dim, 1),
+        "terminateds": (idx % 7 == 0).astype(np.float32),
+    }
+
+
+def test_replay_ring_wraps_and_keeps_the_newest():
+    r = DeviceReplay(capacity=10, obs_dim=3, action_dim=1, batch_size=4, device=torch.device("cpu"))
+    assert r.add(batch(6)) == 6 and (r.size, r.pos) == (6, 6)
+    r.add(batch(7, start=6))  # 13 in total: wraps, the 3 oldest are overwritten
+    assert (r.size, r.pos, r.total_added) == (10, 3, 13)
+    stored = sorted(r.storage["rewards"].tolist())
+    assert stored == list(range(3, 13))
+    # rows stay aligned across fields
+    assert torch.equal(r.storage["obs"][:, 0], r.storage["rewards"])
+    assert torch.equal(r.storage["next_obs"][:, 0], r.storage["rewards"] + 0.5)
+
+
+def test_replay_sample_draws_only_valid_rows_into_preallocated_tensors():
+    r = DeviceReplay(capacity=100, obs_dim=3, action_dim=1, batch_size=32, device=torch.device("cpu"))
+    r.add(batch(5, start=40))
+    out = r.sample()
+    assert out is r.out and out["obs"].shape == (32, 3)
+    assert set(out["rewards"].tolist()) <= {40.0, 41.0, 42.0, 43.0, 44.0}
+    spare = r.new_output()
+    out2 = r.sample(out=spare)
+    assert out2 is spare and out2["obs"].data_ptr() != out["obs"].data_ptr()
+
+
+def test_replay_refuses_a_batch_bigger_than_capacity_at_construction():
+    with pytest.raises(ValueError, match="capacity 8 is smaller than the batch size 16"):
+        DeviceReplay(capacity=8, obs_dim=1, action_dim=1, batch_size=16, device=torch.device("cpu"))
+
+
+def test_replay_ratio_counts_updates_after_learning_starts():
+    assert owed_updates(999, 1000, 1.0) == 0
+    assert owed_updates(1000, 1000, 1.0) == 1
+    assert owed_updates(1100, 1000, 1.0) == 101
+    assert owed_updates(1100, 1000, 0.5) == 50
+    assert owed_updates(1100, 1000, 4.0) == 404
+
+
+def test_squashed_gaussian_log_prob_matches_the_change_of_variables():
+    torch.manual_seed(0)
+    inputs = torch.randn(512, 4)
+    action, logp = squashed_gaussian_sample(inputs)
+    assert action.abs().max() <= 1  # float32 tanh saturates at exactly 1 far out
+    mean, log_std = inputs.chunk(2, -1)
+    pre = torch.atanh(action.clamp(-1 + 1e-6, 1 - 1e-6))
+    ref = torch.distributions.Normal(mean, log_std.exp()).log_prob(pre).sum(-1)
+    ref = ref - torch.log(1 - action.pow(2)).sum(-1)
+    # the tail (|action| -> 1) is where the naive formula loses precision
+    ok = action.abs().max(-1).values < 0.999
+    assert torch.allclose(logp[ok], ref[ok], atol=1e-3)
+
+
+@pytest.fixture
+def learner():
+    from raylab.algorithms.build import build_algorithm_config
+    from raylab.config import compose
+
+    cfg = compose("sac", "Pendulum-v1", overrides=[
+        "resources.num_learners=0", "algo.hidden=[32,32]", "algo.batch_size=16",
+        "algo.grad_clip=null",
+    ])
+    learner = build_algorithm_config(cfg).build_learner(env=gym.make("Pendulum-v1"))
+    b = batch(64)
+    b["obs"] = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
+    b["next_obs"] = np.random.default_rng(1).normal(size=(64, 3)).astype(np.float32)
+    b["rewards"] = np.random.default_rng(2).normal(size=64).astype(np.float32)
+    learner._make_replay(b)
+    learner._replay.add(b)
+    yield learner
+    learner.shutdown()
+
+
+def _reference_step(module, log_alpha, opts, b, cfg, target_entropy):
+    """Textbook SAC step, written out loss by loss with a backward each."""
+    q_opt, pi_opt, a_opt = opts
+    alpha = log_alpha.exp().detach()
+    with torch.no_grad():
+        na, nlp = squashed_gaussian_sample(module.policy_inputs(b["next_obs"]))
+        t1, t2 = module.q_values(b["next_obs"], na, target=True)
+        y = b["rewards"] + cfg.gamma * (1 - b["terminateds"]) * (torch.min(t1, t2) - alpha * nlp)
+    q1, q2 = module.q_values(b["obs"], b["actions"])
+    hub = torch.nn.functional.huber_loss
+    q_opt.zero_grad()
+    (hub(q1, y, delta=1.0) + hub(q2, y, delta=1.0)).backward()
+    a, lp = squashed_gaussian_sample(module.policy_inputs(b["obs"]))
+    # the actor's gradient goes to the policy only: evaluate the critics as constants
+    x = torch.cat([b["obs"], a], -1)
+    p1 = torch.func.functional_call(module.qf, {n: t.detach() for n, t in module.qf.named_parameters()}, (x,)).squeeze(-1)
+    p2 = torch.func.functional_call(module.qf_twin, {n: t.detach() for n, t in module.qf_twin.named_parameters()}, (x,)).squeeze(-1)
+    pi_opt.zero_grad()
+    (alpha * lp - torch.min(p1, p2)).mean().backward()
+    a_opt.zero_grad()
+    (-(log_alpha * (lp.detach() + target_entropy)).mean()).backward()
+    # The critics' grads were taken before the actor pass; step all three now.
+    for o in (q_opt, pi_opt, a_opt):
+        o.step()
+    with torch.no_grad():
+        for main, target in module.get_target_network_pairs():
+            for p, tp in zip(main.parameters(), target.parameters()):
+                tp.lerp_(p, cfg.tau)
+
+
+def test_fused_update_equals_the_loss_by_loss_update(learner):
+    module = learner.module["default_policy"].unwrapped()
+    ref_module = copy.deepcopy(module)
+    ref_alpha = learner.curr_log_alpha["default_policy"].detach().clone().requires_grad_(True)
+    lrs = [o.param_groups[0]["lr"] for o in learner._optimizers_list]
+    ref_opts = (
+        torch.optim.Adam(list(ref_module.qf.parameters()) + list(ref_module.qf_twin.parameters()), lr=lrs[0], eps=1e-7),
+        torch.optim.Adam(ref_module.pi.parameters(), lr=lrs[1], eps=1e-7),
+        torch.optim.Adam([ref_alpha], lr=lrs[2], eps=1e-7),
+    )
+    b = {k: v.clone() for k, v in learner._replay.sample().items()}
+    before = module.pi[0].weight.detach().clone()
+    for _ in range(3):
+        torch.manual_seed(7)
+        learner._fused_update(b)
+        torch.manual_seed(7)
+        _reference_step(ref_module, ref_alpha, ref_opts, b, learner.config,
+                        learner.target_entropy["default_policy"])
+    for (name, p), rp in zip(module.named_parameters(), ref_module.parameters()):
+        assert torch.allclose(p, rp, atol=1e-6, rtol=1e-5), name
+    assert torch.allclose(learner.curr_log_alpha["default_policy"], ref_alpha, atol=1e-6)
+    assert not torch.equal(module.pi[0].weight, before)  # and the update changed the policy
+
+
+def test_fused_update_keeps_statistics_on_the_device_until_read(learner):
+    b = learner._replay.sample()
+    learner._fused_update(b)
+    learner._fused_update(b)
+    assert learner._acc_n == 2 and all(torch.is_tensor(v) for v in learner._acc.values())
+
+
+def _sac_run(tmp_path, seconds, extra=()):
+    run_dir = tmp_path / "run"
+    r = run_cli(
+        "train", "--algo", "sac", "--task", "Pendulum-v1", f"training.log_dir={run_dir}",
+        f"training.time_budget_s={seconds}", "resources.dashboard=false",
+        "training.terminal=plain", *extra, timeout=1500,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return run_dir
+
+
+@pytest.mark.slow
+def test_two_learners_all_reduce_gradients(tmp_path):
+    run_dir = _sac_run(tmp_path, 25, [
+        "resources.num_learners=2", "env.num_envs=2", "algo.learning_starts=100",
+        "algo.batch_size=64", "algo.hidden=[64,64]",
+    ])
+    table = extract(run_dir)
+    for tag in (S.PERF_DP_GRADIENT_SYNC_MS_PER_RANK, S.PERF_DP_GRADIENT_SYNC_CALLS_PER_RANK):
+        assert tag in table.tags, tag
+    calls = [v for _, v in table.column(S.PERF_DP_GRADIENT_SYNC_CALLS_PER_RANK) if v is not None]
+    assert calls and all(v == 1.0 for v in calls)  # one all-reduce per update, per rank
+    manifest = read_summary(run_dir / "run_summary.json")["runtime_manifest"]
+    assert len(manifest["learners"]) == 2
+
+
+@pytest.mark.slow
+def test_sac_solves_pendulum_within_20k_env_steps(tmp_path):
+    run_dir = _sac_run(tmp_path, 900, [
+        "env.num_envs=1", "training.total_steps=20000", "training.stop_reward=-250",
+    ])
+    table = extract(run_dir)
+    curve = [(s, v) for s, v in table.column(S.TRAIN_MEAN_REWARD) if v is not None]
+    reached = [s for s, v in curve if v >= -250]
+    assert reached and reached[0] <= 20000, curve[-5:]
+    print("SAC Pendulum curve (env steps, mean reward):", curve[:: max(1, len(curve) // 12)])

@@ -63,6 +63,9 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
     algo = cfg.algo
     builder = {"ppo": _ppo, "appo": _appo, "sac": _sac}[algo.name]
     config = builder(cfg)
+    learner_extras = {}
+    if algo.name in ("ppo", "appo"):
+        learner_extras["policy_init"] = {"log_std": algo.init_log_std, "scale": algo.init_policy_scale}
     runner_cls = config.env_runner_cls if cfg.algo.name == "sac" else RaylabEnvRunner
     vector_mode = "vector_entry_point" if cfg.task in TASKS else "sync"
     config = (
@@ -82,6 +85,7 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
                 cfg.resources.num_cpus_per_learner if num_gpus_per_learner == 0 else 1
             ),
             custom_resources_per_learner=dict(cfg.resources.custom_resources_per_learner),
+            learner_config_dict=learner_extras,
         )
         .rl_module(
             model_config={

@@ -48,6 +48,34 @@ class _TimedLearnerMixin:
 
         return f"raylab-learner-{os.environ.get('RANK', '0')}"
 
+    def _init_policy_head(self) -> None:
+        """Small initial mean action and a chosen initial std (continuous actions only).
+
+        The last Linear layer of the policy head outputs [mean, log_std]: its weights are
+        scaled down and the log-std half of its bias is set, so the first rollouts explore
+        around the mean action 0 with std exp(init_log_std) instead of saturating the
+        actuators. EnvRunners receive these weights at the first sync.
+        """
+        import torch
+
+        cfg = (self.config.learner_config_dict or {}).get("policy_init")
+        if not cfg:
+            return
+        for module in self.module._rl_modules.values():
+            module = module.unwrapped() if hasattr(module, "unwrapped") else module
+            space = getattr(module, "action_space", None)
+            head = getattr(module, "pi", None)
+            if space is None or head is None or not hasattr(space, "shape") or not space.shape:
+                continue
+            last = [m for m in head.modules() if isinstance(m, torch.nn.Linear)][-1]
+            act_dim = int(space.shape[0])
+            if last.out_features != 2 * act_dim:
+                continue
+            with torch.no_grad():
+                last.weight.mul_(cfg["scale"])
+                last.bias[:act_dim].zero_()
+                last.bias[act_dim:].fill_(cfg["log_std"])
+
     def _init_timeline(self) -> None:
         self.timeline = Timeline(
             LEARNER_TRACKER, phases=self._main_phases, wall_tag=S.PERF_ITERATION_TIME
@@ -101,6 +129,7 @@ class RaylabPPOLearner(_TimedLearnerMixin, PPOTorchLearner):
 
     def build(self) -> None:
         super().build()
+        self._init_policy_head()
         self._init_timeline()
         self._last_update_end = None
 
@@ -186,6 +215,7 @@ class RaylabAPPOLearner(_TimedLearnerMixin, APPOTorchLearner):
                 timeline=self.timeline,
             )
         IMPALALearner.build(self)
+        self._init_policy_head()
         self.module.foreach_module(
             lambda mid, mod: (
                 mod.make_target_networks() if isinstance(mod, TargetNetworkAPI) else None

@@ -87,6 +87,12 @@ class AlgoConfig:
     hidden: List[int] = _f(help="hidden layer sizes of policy and value nets", factory=lambda: [256, 256])
     activation: str = _f("tanh", "hidden activation", ("tanh", "relu", "silu"))
     grad_clip: Optional[float] = _f(1.0, "global gradient-norm clip (null: off)")
+    init_log_std: float = _f(
+        -1.0, "initial log std of the Gaussian policy (PPO / APPO, continuous actions)"
+    )
+    init_policy_scale: float = _f(
+        0.01, "scale of the initial policy output weights (near-zero initial mean action)"
+    )
 
 
 @dataclass

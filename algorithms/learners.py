@@ -85,7 +85,9 @@ class _TimedLearnerMixin:
     # ---- phases every path shares --------------------------------------------------------
     def _update(self, batch, **kwargs):
         with self.timeline.phase(S.PERF_LEARNING_TIME):
-            return super()._update(batch, **kwargs)
+            out = super()._update(batch, **kwargs)
+        self._grad_updates = getattr(self, "_grad_updates", 0) + 1
+        return out
 
     def _make_batch_if_necessary(self, training_data):
         if self.timeline.on_owner_thread():
@@ -115,7 +117,18 @@ class _TimedLearnerMixin:
                 self.stats.stat("_valid_steps", "avg", **values)
             self.stats.scalar(**{S.loss_tag("total"): float(loss.detach())})
 
-    def _export_stats(self) -> None:
+    def _export_stats(self, min_interval_s: float = 0.0) -> None:
+        """Ship the tracker (at most every min_interval_s), with the gradient-update rate."""
+        import time
+
+        now = time.perf_counter()
+        last = getattr(self, "_last_export", None)
+        if last is not None and now - last < min_interval_s:
+            return
+        if last is not None and now > last:
+            rate = getattr(self, "_grad_updates", 0) / (now - last)
+            self.stats.scalar(**{S.PERF_LEARNER_UPDATES_PER_S: rate})
+        self._last_export, self._grad_updates = now, 0
         push_partial_state(self.metrics, LEARNER_TRACKER)
 
 
@@ -250,4 +263,4 @@ class RaylabAPPOLearner(_TimedLearnerMixin, APPOTorchLearner):
     def after_gradient_based_update(self, *, timesteps):
         super().after_gradient_based_update(timesteps=timesteps)
         if self.timeline.on_owner_thread():
-            self._export_stats()
+            self._export_stats(min_interval_s=0.5)

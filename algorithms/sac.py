@@ -489,8 +489,11 @@ class RaylabSACLearner(SACTorchLearner):
                     S.policy_tag("logp"): means["logp"],
                 }
             )
-            self.stats.denominator(_one=np.ones(1, dtype=bool))
-            self.stats.stat("_one", "sum", **{"_updates": np.array([float(n)])})
+        now = time.perf_counter()
+        last = getattr(self, "_last_pop", None)
+        if last is not None and now > last:
+            self.stats.scalar(**{S.PERF_LEARNER_UPDATES_PER_S: n / (now - last)})
+        self._last_pop = now
         with self._cond:
             staleness, self._staleness = self._staleness, []
         if staleness:
@@ -523,6 +526,16 @@ class RaylabSACLearner(SACTorchLearner):
 
 class RaylabSAC(SAC):
     """SAC whose training step overlaps collection and learning (see the module docstring)."""
+
+    def cleanup(self) -> None:
+        # RLlib shuts down only a local Learner; stop the remote update threads too, so the
+        # Learner processes exit cleanly.
+        try:
+            if self.learner_group is not None and not self.learner_group.is_local:
+                self.learner_group.foreach_learner(lambda learner: learner.shutdown())
+        except Exception:  # a dead Learner actor has nothing left to stop
+            pass
+        super().cleanup()
 
     @classmethod
     def get_default_config(cls) -> RaylabSACConfig:

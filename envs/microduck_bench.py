@@ -17,8 +17,11 @@ changes state biases every contender the same way:
 - ``sync``: ``gymnasium.vector.SyncVectorEnv`` of N reference envs
   (``gym.make_vec(..., vectorization_mode="sync")``), one thread.
 
-The full benchmark protocol (reference windows, drift guards, sustained runs) is its own issue;
-:func:`measure_throughput` is the function a later ``raylab bench`` can call.
+This is a quick three-way look at one machine state. The benchmark protocol (reference windows
+before a sweep and after every row, drift and trend guards, bare and sustained modes, the
+machine check, Gymnasium's AsyncVectorEnv, end-to-end training) is ``raylab bench env |
+compare | train | plot`` (``raylab/bench_env.py``, ``bench_train.py``, ``benchmarks/README.md``);
+the window timing and the machine description here are that suite's (``raylab.bench_common``).
 """
 
 from __future__ import annotations
@@ -26,17 +29,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import gymnasium as gym
-import mujoco
 import numpy as np
 
 import raylab.envs  # noqa: F401  (registers the Gymnasium ids)
+from raylab.bench_common import machine_info, run_window
 from raylab.envs.microduck import FALLEN_HEIGHT, NUM_ACTIONS
 from raylab.envs.microduck_vec import MicroduckBalanceVecEnv
 
@@ -44,27 +46,15 @@ GYM_ID = "raylab/MicroduckBalance-v0"
 
 
 def _machine() -> Dict[str, Any]:
-    return {
-        "cpu_count": os.cpu_count(),
-        "loadavg": list(os.getloadavg()),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "mujoco": mujoco.__version__,
-        "numpy": np.__version__,
-    }
+    return machine_info()
 
 
 def _window(step, num_envs: int, seconds: float):
     """Run ``step`` for ``seconds`` of wall time; return (env-steps per wall second, env-steps
     per CPU second of this process). The CPU rate is the cost of the work itself and is much
     less sensitive to other processes competing for the cores."""
-    steps, t0, c0 = 0, time.perf_counter(), time.process_time()
-    while True:
-        step()
-        steps += 1
-        dt = time.perf_counter() - t0
-        if dt >= seconds:
-            return steps * num_envs / dt, steps * num_envs / (time.process_time() - c0)
+    w = run_window(step, seconds, num_envs)
+    return w["rate"], w["cpu_rate"]
 
 
 def measure_throughput(

@@ -1,0 +1,611 @@
+"""End-to-end training throughput: ``raylab bench train --algo appo|sac|ppo``.
+
+Each *run* builds the RLlib algorithm from the composed raylab config (``algorithms/build.py``,
+exactly what ``raylab train`` builds), trains for ``--warmup`` seconds (and, for SAC, until the
+first gradient update), then for a fixed budget of ``--seconds`` and reads:
+
+- env steps per second: env steps sampled over the budget (RLlib's lifetime counter) / wall;
+- learner updates per second: gradient steps over the budget (raylab SAC: the learner's own
+  update counter; RLlib learners: rows trained / rows per gradient step);
+- the per-phase share of the learner's iteration wall time, from the canonical metrics
+  (``raylab.reporting.canonical_metrics`` on every result of the budget;
+  ``LEARNER_MAIN_PHASES[algo]`` and Other = ``learner_other_s``).
+
+Contenders, alternated run by run (order reversed every other round):
+
+- ``batched``:  raylab's default path, the batched env (``vector_entry_point``);
+- ``gym_sync``: the same algorithm and config, the env created as Gymnasium's SyncVectorEnv of
+  the reference env (``.env_runners(gym_env_vectorize_mode="sync")``, bench only);
+- SAC only: ``stock_sac``, RLlib's own ``SACConfig`` (its default module, replay buffer and
+  training step) with the same hyperparameters and replay ratio, on the batched env; and
+  ``torch_limit``, a plain-torch SAC update of the same network and batch size timed in this
+  process on the learner's thread count: the most updates/s the learner could do.
+
+A one-thread window of the batched env (``--ref-seconds``) before the first run and after every
+run is the machine's reference; its drift and trend give the verdict, as in the env sweep.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from raylab import bench_common as C
+from raylab.errors import UserError, choices_hint
+
+ALGOS = ("appo", "sac", "ppo")
+SIDES = ("batched", "gym_sync")
+# Settings every benchmark run gets (no panel, no dashboard, no checkpoints in the way).
+BENCH_OVERRIDES = ("resources.dashboard=false",)
+SETTLE_S = 2.0  # pause after a training run, before its reference window
+GOALS = {"appo_batched_over_gym_sync": 1.5, "sac_over_torch_limit": 0.6, "sac_over_stock": 4.0}
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# ------------------------------------------------------------------------- plain torch
+
+
+def torch_sac_update_rate(obs_dim: int, act_dim: int, hidden: Sequence[int], activation: str,
+                          batch_size: int, seconds: float, threads: int = 1, seed: int = 0,
+                          gamma: float = 0.99, tau: float = 0.005) -> Dict[str, float]:  # fmt: skip
+    """Updates/s of a plain PyTorch SAC update (twin critics, tanh-Gaussian actor, temperature;
+    Adam; polyak targets) of the given size, on ``threads`` torch threads, batches gathered by
+    random index from a preallocated pool as a replay would."""
+    import torch
+    from torch import nn
+
+    acts = {"relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU}
+
+    def mlp(i: int, o: int) -> nn.Sequential:
+        layers, w = [], i
+        for h in hidden:
+            layers += [nn.Linear(w, h), acts[activation]()]
+            w = h
+        return nn.Sequential(*layers, nn.Linear(w, o))
+
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)
+        pi, q1, q2 = mlp(obs_dim, 2 * act_dim), mlp(obs_dim + act_dim, 1), mlp(obs_dim + act_dim, 1)
+        t1, t2 = copy.deepcopy(q1), copy.deepcopy(q2)
+        log_alpha = torch.zeros(1, requires_grad=True)
+        q_params = list(q1.parameters()) + list(q2.parameters())
+        targets, mains = list(t1.parameters()) + list(t2.parameters()), q_params
+        opt_q = torch.optim.Adam(q_params, lr=3e-4, foreach=True)
+        opt_pi = torch.optim.Adam(pi.parameters(), lr=3e-4, foreach=True)
+        opt_a = torch.optim.Adam([log_alpha], lr=3e-4)
+        pool = 50_000
+        data = {
+            "obs": torch.randn(pool, obs_dim, generator=g),
+            "act": torch.rand(pool, act_dim, generator=g) * 2 - 1,
+            "rew": torch.randn(pool, generator=g),
+            "next": torch.randn(pool, obs_dim, generator=g),
+            "done": (torch.rand(pool, generator=g) < 0.01).float(),
+        }
+        target_entropy = -float(act_dim)
+
+        def sample_action(obs):
+            mean, log_std = pi(obs).chunk(2, -1)
+            log_std = log_std.clamp(-20, 2)
+            normal = torch.distributions.Normal(mean, log_std.exp())
+            u = normal.rsample()
+            a = torch.tanh(u)
+            logp = (normal.log_prob(u) - torch.log(1 - a.pow(2) + 1e-6)).sum(-1)
+            return a, logp
+
+        def update():
+            idx = torch.randint(0, pool, (batch_size,), generator=g)
+            obs, act, rew = data["obs"][idx], data["act"][idx], data["rew"][idx]
+            nxt, done = data["next"][idx], data["done"][idx]
+            alpha = log_alpha.exp().detach()
+            with torch.no_grad():
+                na, nlogp = sample_action(nxt)
+                x = torch.cat([nxt, na], -1)
+                nq = torch.min(t1(x), t2(x)).squeeze(-1) - alpha * nlogp
+                y = rew + gamma * (1 - done) * nq
+            x = torch.cat([obs, act], -1)
+            q_loss = ((q1(x).squeeze(-1) - y) ** 2).mean() + ((q2(x).squeeze(-1) - y) ** 2).mean()
+            opt_q.zero_grad(set_to_none=True)
+            q_loss.backward()
+            opt_q.step()
+            a, logp = sample_action(obs)
+            x = torch.cat([obs, a], -1)
+            pi_loss = (alpha * logp - torch.min(q1(x), q2(x)).squeeze(-1)).mean()
+            opt_pi.zero_grad(set_to_none=True)
+            pi_loss.backward()
+            opt_pi.step()
+            a_loss = -(log_alpha * (logp.detach() + target_entropy)).mean()
+            opt_a.zero_grad(set_to_none=True)
+            a_loss.backward()
+            opt_a.step()
+            with torch.no_grad():
+                torch._foreach_lerp_(targets, mains, tau)
+
+        for _ in range(10):
+            update()
+        w = C.run_window(update, seconds, 1)
+        return {"updates_per_s": w["rate"], "updates_per_cpu_s": w["cpu_rate"],
+                "updates": w["calls"], "seconds": w["wall_s"], "threads": threads}  # fmt: skip
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+# --------------------------------------------------------------------------- configs
+
+
+def compose_cfg(algo: str, task: str, overrides: Sequence[str]):
+    from raylab.config import compose
+
+    if algo not in ALGOS:
+        raise UserError(choices_hint(algo, ALGOS, "algo"))
+    return compose(algo, task, "mujoco", [*BENCH_OVERRIDES, *overrides])
+
+
+def algorithm_config(contender: str, cfg):
+    """The RLlib AlgorithmConfig of one contender (raylab's own builder for the first two)."""
+    from raylab.algorithms.build import build_algorithm_config
+
+    if contender in SIDES:
+        config = build_algorithm_config(cfg, num_gpus_per_learner=0.0)
+        if contender == "gym_sync":
+            config = config.env_runners(gym_env_vectorize_mode="sync")
+        return config
+    if contender == "stock_sac":
+        return stock_sac_config(cfg)
+    raise ValueError(contender)
+
+
+def stock_sac_training_intensity(cfg) -> float:
+    """RLlib's ``training_intensity`` that makes stock SAC do ``updates_per_step`` updates per
+    sampled env step (RLlib divides it by a native ratio that counts a local EnvRunner)."""
+    r = cfg.resources
+    sampled_per_round = 1 * cfg.env.num_envs * max(1, r.num_env_runners)  # rollout length 1
+    native = cfg.algo.batch_size / (1 * cfg.env.num_envs * max(r.num_env_runners + 1, 1))
+    return float(cfg.algo.updates_per_step * sampled_per_round * native)
+
+
+def stock_sac_config(cfg):
+    from ray.rllib.algorithms.sac import SACConfig
+
+    from raylab.algorithms.build import env_id_for_runner, env_options
+    from raylab.envs.tasks import TASKS
+
+    a, r = cfg.algo, cfg.resources
+    config = (
+        SACConfig()
+        .environment(env=env_id_for_runner(cfg), env_config=env_options(cfg))
+        .env_runners(
+            num_env_runners=r.num_env_runners,
+            num_envs_per_env_runner=cfg.env.num_envs,
+            num_cpus_per_env_runner=r.num_cpus_per_env_runner,
+            rollout_fragment_length=1,
+            gym_env_vectorize_mode="vector_entry_point" if cfg.task in TASKS else "sync",
+        )
+        .learners(num_learners=r.num_learners, num_gpus_per_learner=0,
+                  num_cpus_per_learner=r.num_cpus_per_learner)  # fmt: skip
+        .training(
+            gamma=a.gamma,
+            actor_lr=a.actor_lr,
+            critic_lr=a.critic_lr,
+            alpha_lr=a.alpha_lr,
+            tau=a.tau,
+            initial_alpha=a.initial_alpha,
+            target_entropy="auto" if a.target_entropy is None else a.target_entropy,
+            n_step=1,
+            grad_clip=a.grad_clip,
+            train_batch_size_per_learner=a.batch_size,
+            num_steps_sampled_before_learning_starts=a.learning_starts,
+            training_intensity=stock_sac_training_intensity(cfg),
+            replay_buffer_config={"capacity": a.buffer_capacity},
+        )
+        .rl_module(model_config={"fcnet_hiddens": list(a.hidden), "fcnet_activation": a.activation})
+        .reporting(min_time_s_per_iteration=cfg.training.iteration_s,
+                   metrics_num_episodes_for_smoothing=100,
+                   # iterations end on time, as raylab's SAC's do (stock: >= 100 env steps)
+                   min_sample_timesteps_per_iteration=0, min_train_timesteps_per_iteration=0)  # fmt: skip
+        .debugging(seed=cfg.training.seed, log_level="ERROR")
+    )
+    return config
+
+
+def rows_per_update(contender: str, cfg) -> int:
+    """Rows of one gradient step of an RLlib learner (PPO: a minibatch; APPO: a train batch)."""
+    a = cfg.algo
+    if a.name == "ppo":
+        return int(a.minibatch_size)
+    if a.name == "appo":
+        return int(a.train_batch_size)
+    return int(a.batch_size)
+
+
+# ------------------------------------------------------------------------------ a run
+
+
+def _updates_and_rows(algo, contender: str, cfg, result: dict):
+    """(gradient updates, rows trained) so far."""
+    from raylab.reporting import _get
+
+    if contender in SIDES and cfg.algo.name == "sac":
+        status = algo._learner_call(lambda learner: learner.status())[0]
+        return float(status["updates"]), float(status["updates"]) * cfg.algo.batch_size
+    rows = _get(result, "learners", "__all_modules__", "num_module_steps_trained_lifetime")
+    if not isinstance(rows, (int, float)):
+        rows = _get(result, "learners", "__all_modules__", "num_env_steps_trained_lifetime", default=0)
+    rows = float(rows or 0)
+    return rows / rows_per_update(contender, cfg), rows
+
+
+def phase_shares(metrics: Sequence[Dict[str, float]], algo: str) -> Optional[Dict[str, Any]]:
+    """Mean share of the learner's iteration wall per main phase (and Other), from canonical
+    metrics (one dict per training result); None when the iteration wall was not measured."""
+    from raylab.metrics import schema as S
+
+    walls = [m[S.PERF_ITERATION_TIME] for m in metrics if S.PERF_ITERATION_TIME in m]
+    if not walls:
+        return None
+    mean: Dict[str, float] = {S.PERF_ITERATION_TIME: float(np.mean(walls))}
+    for tag in S.LEARNER_MAIN_PHASES[algo]:
+        vals = [m[tag] for m in metrics if tag in m and S.PERF_ITERATION_TIME in m]
+        if vals:
+            mean[tag] = float(np.mean(vals))
+    wall = mean[S.PERF_ITERATION_TIME]
+    shares = {tag: S.to_seconds(tag, v) / wall for tag, v in mean.items() if tag != S.PERF_ITERATION_TIME}
+    other = S.learner_other_s(mean, algo)
+    shares["Other"] = (other or 0.0) / wall
+    return {"iteration_time_s": wall, "shares": shares}
+
+
+def _actor_pids(algo):
+    """Process ids of the remote Learner and EnvRunner actors (empty lists when local)."""
+    import os
+
+    learners: List[int] = []
+    if algo.learner_group.is_remote:
+        for r in algo.learner_group.foreach_learner(lambda learner: os.getpid()):
+            learners.append(int(r.get() if hasattr(r, "get") else r))
+    runners = [int(p) for p in algo.env_runner_group.foreach_env_runner(
+        lambda runner: os.getpid(), local_env_runner=False)]  # fmt: skip
+    return learners, runners
+
+
+def train_run(contender: str, cfg, seconds: float, warmup: float, max_warmup: float = 300.0) -> Dict[str, Any]:
+    """Build, warm up, train for ``seconds``; the run's rates and phase shares."""
+    from raylab.metrics import schema as S
+    from raylab.reporting import canonical_metrics, env_steps
+
+    t_build = time.perf_counter()
+    algo = algorithm_config(contender, cfg).build_algo()
+    build_s = time.perf_counter() - t_build
+    try:
+        t_start = time.perf_counter()
+        while True:
+            result = algo.train()
+            updates, _ = _updates_and_rows(algo, contender, cfg, result)
+            elapsed = time.perf_counter() - t_start
+            if elapsed >= warmup and updates > 0:
+                break
+            if elapsed > max_warmup:
+                raise UserError(
+                    f"bench train: {contender} made no learner update in {max_warmup:.0f} s of "
+                    "warm-up; lower algo.learning_starts or raise --warmup"
+                )
+        learner_pids, runner_pids = _actor_pids(algo)
+        c0 = [C.proc_cpu_seconds(p) for p in (*learner_pids, *runner_pids)]
+        t0, s0 = time.perf_counter(), env_steps(result)
+        u0, rows0 = _updates_and_rows(algo, contender, cfg, result)
+        prev, metrics, iterations = result, [], 0
+        while time.perf_counter() - t0 < seconds:
+            result = algo.train()
+            metrics.append(canonical_metrics(result, prev))
+            prev = result
+            iterations += 1
+        wall = time.perf_counter() - t0
+        s1 = env_steps(result)
+        u1, rows1 = _updates_and_rows(algo, contender, cfg, result)
+        c1 = [C.proc_cpu_seconds(p) for p in (*learner_pids, *runner_pids)]
+    finally:
+        if contender in SIDES and cfg.algo.name == "sac":
+            # Stop the learners' update threads first (RLlib calls Learner.shutdown only for a
+            # local learner; a remote one would exit with its thread still running).
+            algo.learner_group.foreach_learner(lambda learner: learner.shutdown())
+        algo.stop()
+    fps = [m[S.PERF_TOTAL_FPS] for m in metrics if S.PERF_TOTAL_FPS in m]
+    collector = {}
+    for tag in (S.PERF_COLLECTOR_ENV_STEP_MS, S.PERF_COLLECTOR_MLP_INFER_MS):
+        vals = [m[tag] for m in metrics if tag in m]
+        if vals:
+            collector[tag] = float(np.mean(vals))
+    cpu = [b - a for a, b in zip(c0, c1)]
+    learner_cpu, runner_cpu = sum(cpu[: len(learner_pids)]), sum(cpu[len(learner_pids) :])
+    return {
+        "contender": contender,
+        "env_steps_per_s": (s1 - s0) / wall,
+        "updates_per_s": (u1 - u0) / wall,
+        "rows_trained_per_s": (rows1 - rows0) / wall,
+        "updates_per_env_step": (u1 - u0) / max(1, s1 - s0),
+        "env_steps": s1 - s0,
+        "updates": u1 - u0,
+        "seconds": wall,
+        "iterations": iterations,
+        "build_s": build_s,
+        "warmup_s": t0 - t_start,
+        "total_fps_mean": float(np.mean(fps)) if fps else None,
+        # CPU seconds of the remote Learner / EnvRunner actor processes over the budget (read
+        # from /proc): the cost of the work, much less sensitive to other load than wall rates.
+        "learner_cpu_s": learner_cpu if learner_pids else None,
+        "env_runner_cpu_s": runner_cpu if runner_pids else None,
+        "updates_per_learner_cpu_s": (u1 - u0) / learner_cpu if learner_pids and learner_cpu > 0 else None,
+        "env_steps_per_runner_cpu_s": (s1 - s0) / runner_cpu if runner_pids and runner_cpu > 0 else None,
+        "phases": phase_shares(metrics, cfg.algo.name) if contender in SIDES else None,
+        "collector_ms": collector,
+    }
+
+
+# ------------------------------------------------------------------------------ bench
+
+
+def run_train_bench(
+    algo: str = "appo",
+    task: str = "microduck_balance",
+    overrides: Sequence[str] = (),
+    seconds: float = 60.0,
+    warmup: float = 20.0,
+    rounds: int = 1,
+    sides: Sequence[str] = SIDES,
+    stock_sac: bool = True,
+    torch_limit_s: float = 10.0,
+    ref_seconds: float = 3.0,
+    drift_limit: float = C.DRIFT_LIMIT,
+    trend_limit: float = C.TREND_LIMIT,
+    command: str = "",
+) -> Dict[str, Any]:
+    from raylab.envs.tasks import TASKS
+
+    cfg = compose_cfg(algo, task, overrides)
+    import ray  # noqa: F401  (imported before the result is opened: its version is recorded)
+    import torch  # noqa: F401
+
+    for s in sides:
+        if s not in SIDES:
+            raise UserError(choices_hint(s, SIDES, "side"))
+    if task not in TASKS and "batched" in sides:
+        raise UserError(f"task '{task}' has no batched env; use --sides gym_sync")
+    contenders = list(sides)
+    if algo == "sac":
+        if stock_sac:
+            contenders.append("stock_sac")
+        if torch_limit_s > 0:
+            contenders.append("torch_limit")
+    params = dict(algo=algo, task=task, overrides=list(overrides), seconds=seconds, warmup_s=warmup,
+                  rounds=rounds, contenders=contenders, torch_limit_s=torch_limit_s,
+                  ref_seconds=ref_seconds, num_envs=cfg.env.num_envs,
+                  num_threads=cfg.env.num_threads, num_env_runners=cfg.resources.num_env_runners,
+                  num_learners=cfg.resources.num_learners, hidden=list(cfg.algo.hidden))  # fmt: skip
+    if algo == "sac":
+        params["stock_sac_training_intensity"] = stock_sac_training_intensity(cfg)
+    rc = cfg.resources
+    check = C.machine_check(1 + rc.num_env_runners * cfg.env.num_threads + max(1, rc.num_learners))
+    C.print_check(check)
+    result = C.new_result("train", command, params, check)
+
+    from raylab.bench_env import env_tasks, make_batched
+    from raylab.train import init_ray
+
+    ref = None
+    if ref_seconds > 0 and task in env_tasks():
+        ref = make_batched(task, 16, 1, 0, {})
+        ref.window(0.5)
+    refs: List[Dict[str, Any]] = []
+
+    def measure_ref(after: Optional[str]):
+        if ref is not None:
+            w = ref.window(ref_seconds)
+            refs.append({"after_run": after, "env_steps_per_s": w["rate"],
+                         "env_steps_per_cpu_s": w["cpu_rate"]})  # fmt: skip
+            _say(f"  reference (batched env, 1 thread, 16 envs) {w['rate']:,.0f} env-steps/s")
+
+    runs: List[Dict[str, Any]] = []
+    started_ray = not ray.is_initialized()
+    try:
+        init_ray(cfg)
+        measure_ref(None)
+        space = _spaces(cfg)
+        for r in range(rounds):
+            for name in contenders if r % 2 == 0 else contenders[::-1]:
+                if name == "torch_limit":
+                    out = {"contender": name, **torch_sac_update_rate(
+                        space[0], space[1], list(cfg.algo.hidden), cfg.algo.activation,
+                        cfg.algo.batch_size, torch_limit_s,
+                        threads=max(1, int(cfg.resources.num_cpus_per_learner)))}  # fmt: skip
+                    out["env_steps_per_s"] = None
+                    _say(f"  round {r}  torch_limit {out['updates_per_s']:,.1f} updates/s "
+                         f"({out['threads']} torch thread(s), the learner's)")  # fmt: skip
+                else:
+                    out = train_run(name, cfg, seconds, warmup)
+                    _say(f"  round {r}  {name:<11} {out['env_steps_per_s']:,.1f} env-steps/s, "
+                         f"{out['updates_per_s']:,.1f} updates/s over {out['seconds']:.0f} s "
+                         f"({out['iterations']} iterations; build {out['build_s']:.0f} s, "
+                         f"warm-up {out['warmup_s']:.0f} s)")  # fmt: skip
+                out["round"] = r
+                runs.append(out)
+                if name != "torch_limit":
+                    time.sleep(SETTLE_S)  # let the stopped actors' processes exit
+                measure_ref(f"{name}#{r}")
+    finally:
+        if ref is not None:
+            ref.close()
+        if started_ray and ray.is_initialized():
+            ray.shutdown()
+
+    result["runs"] = runs
+    result["refs"] = refs
+    result["summary"] = _summarise(runs, contenders, algo)
+    if refs:
+        g = C.guard([x["env_steps_per_s"] for x in refs], drift_limit, trend_limit)
+        for x, d in zip(refs, g["drifts"]):
+            x["drift"] = d
+    else:
+        g = C.guard([], drift_limit, trend_limit)
+    return C.finish_result(result, g["verdict"], g)
+
+
+def _spaces(cfg):
+    """(obs_dim, action_dim) of the task, from one reference env."""
+    import gymnasium as gym
+
+    import raylab.envs  # noqa: F401
+
+    env = gym.make(cfg.env.gym_id)
+    try:
+        return int(np.prod(env.observation_space.shape)), int(np.prod(env.action_space.shape))
+    finally:
+        env.close()
+
+
+def _summarise(runs: List[Dict[str, Any]], contenders: Sequence[str], algo: str) -> Dict[str, Any]:
+    def med(name, key):
+        vals = [r[key] for r in runs if r["contender"] == name and r.get(key) is not None]
+        return float(np.median(vals)) if vals else None
+
+    def per_round_ratio(a, b, key):
+        by_round: Dict[int, Dict[str, float]] = {}
+        for r in runs:
+            if r.get(key) is not None:
+                by_round.setdefault(r["round"], {})[r["contender"]] = r[key]
+        ratios = [d[a] / d[b] for d in by_round.values() if a in d and b in d and d[b] > 0]
+        return (float(np.median(ratios)) if ratios else None), ratios
+
+    out: Dict[str, Any] = {
+        "median": {c: {"env_steps_per_s": med(c, "env_steps_per_s"),
+                       "updates_per_s": med(c, "updates_per_s")} for c in contenders},  # fmt: skip
+        "ratios": {},
+        "goals": {},
+    }
+    if "batched" in contenders and "gym_sync" in contenders:
+        v, per = per_round_ratio("batched", "gym_sync", "env_steps_per_s")
+        out["ratios"]["batched_over_gym_sync_env_steps"] = v
+        out["ratios"]["batched_over_gym_sync_env_steps_per_round"] = per
+        if algo == "appo" and v is not None:
+            out["goals"]["appo_batched_ge_1.5x_gym_sync"] = v >= GOALS["appo_batched_over_gym_sync"]
+    if algo == "sac" and "batched" in contenders:
+        if "stock_sac" in contenders:
+            v, per = per_round_ratio("batched", "stock_sac", "env_steps_per_s")
+            u, _ = per_round_ratio("batched", "stock_sac", "updates_per_s")
+            out["ratios"]["sac_over_stock_env_steps"] = v
+            out["ratios"]["sac_over_stock_env_steps_per_round"] = per
+            out["ratios"]["sac_over_stock_updates"] = u
+            if v is not None:
+                out["goals"]["sac_ge_4x_stock"] = v >= GOALS["sac_over_stock"]
+        if "torch_limit" in contenders:
+            v, per = per_round_ratio("batched", "torch_limit", "updates_per_s")
+            out["ratios"]["sac_over_torch_limit_updates"] = v
+            out["ratios"]["sac_over_torch_limit_updates_per_round"] = per
+            cpu = [r["updates_per_learner_cpu_s"] for r in runs
+                   if r["contender"] == "batched" and r.get("updates_per_learner_cpu_s")]  # fmt: skip
+            lim = [r["updates_per_cpu_s"] for r in runs if r["contender"] == "torch_limit"]
+            if cpu and lim:
+                # per CPU second: the learner process (update + request threads) against the
+                # plain update; robust to other load, which wall rates are not
+                out["ratios"]["sac_over_torch_limit_updates_per_cpu_s"] = float(np.median(cpu) / np.median(lim))
+            if v is not None:
+                out["goals"]["sac_ge_0.6x_torch_limit"] = v >= GOALS["sac_over_torch_limit"]
+    return out
+
+
+# -------------------------------------------------------------------------------- CLI
+
+
+def parser():
+    p = C.BenchParser(
+        prog="raylab bench train",
+        description="End-to-end training env-steps/s and learner updates/s over a fixed budget: "
+        "raylab's batched env against RLlib on Gymnasium's SyncVectorEnv of the reference env "
+        "(same algorithm and config), alternating runs; per-phase share of the learner's "
+        "iteration wall from the canonical metrics. SAC adds stock RLlib SAC and a plain-torch "
+        "update limit.",
+        formatter_class=C.BenchFormatter,
+        epilog="config overrides (KEY=VALUE) are those of `raylab train` (see `raylab train "
+        "--help`); every run also gets: " + " ".join(BENCH_OVERRIDES),
+    )
+    p.add_argument("--algo", default="appo", help=f"algorithm: {', '.join(ALGOS)}")
+    p.add_argument("--task", default="microduck_balance",
+                   help="task (a raylab task for the batched side; any Gymnasium id with "
+                   "--sides gym_sync)")
+    p.add_argument("--seconds", type=C.positive(float, "seconds"), default=60.0,
+                   help="measured training budget per run (wall seconds after the warm-up)")
+    p.add_argument("--warmup", type=float, default=20.0,
+                   help="seconds of training before the budget starts (SAC: also until the "
+                   "first update)")
+    p.add_argument("--rounds", type=C.positive(int, "rounds"), default=1,
+                   help="runs per contender; the order is reversed every other round")
+    p.add_argument("--sides", nargs="+", default=list(SIDES),
+                   help=f"env sides to run: {', '.join(SIDES)}")
+    p.add_argument("--no-stock-sac", action="store_true",
+                   help="SAC: skip the stock RLlib SAC run")
+    p.add_argument("--torch-limit-seconds", type=float, default=10.0,
+                   help="SAC: seconds of the plain-torch update timing per round (0: skip)")
+    p.add_argument("--ref-seconds", type=float, default=3.0,
+                   help="seconds of the one-thread batched-env reference window before the "
+                   "first run and after every run (0: none; the verdict is then unchecked)")
+    p.add_argument("--drift-limit", type=float, default=C.DRIFT_LIMIT,
+                   help="unstable when a reference differs from the first by more than this")
+    p.add_argument("--trend-limit", type=float, default=C.TREND_LIMIT,
+                   help="trending when 3 consecutive references move one way by more than this")
+    p.add_argument("--out", default=None, help="result JSON; None: runs/bench/train_<algo>.json")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="raylab config overrides for every run, e.g. env.num_envs=32")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parser().parse_args(list(argv))
+    command = C.command_line("raylab bench train", argv)
+    print(command, flush=True)
+    res = run_train_bench(
+        algo=args.algo, task=args.task, overrides=args.overrides, seconds=args.seconds,
+        warmup=args.warmup, rounds=args.rounds, sides=args.sides, stock_sac=not args.no_stock_sac,
+        torch_limit_s=args.torch_limit_seconds, ref_seconds=args.ref_seconds,
+        drift_limit=args.drift_limit, trend_limit=args.trend_limit, command=command,
+    )  # fmt: skip
+    print_train(res)
+    path = C.save_result(res, args.out or f"runs/bench/train_{args.algo}.json")
+    print(f"wrote {path}")
+    return 0
+
+
+def print_train(res: Dict[str, Any]) -> None:
+    s = res["summary"]
+    print(f"{'contender':<12} {'env-steps/s':>12} {'updates/s':>10}   (median over rounds)")
+    for name, m in s["median"].items():
+        es = "-" if m["env_steps_per_s"] is None else f"{m['env_steps_per_s']:,.1f}"
+        up = "-" if m["updates_per_s"] is None else f"{m['updates_per_s']:,.1f}"
+        print(f"{name:<12} {es:>12} {up:>10}")
+    for k, v in s["ratios"].items():
+        if not k.endswith("_per_round") and v is not None:
+            print(f"{k}: {v:.2f}")
+    for k, v in s["goals"].items():
+        print(f"goal {k}: {'met' if v else 'NOT met'}")
+    for run in res["runs"]:
+        ph = run.get("phases")
+        if ph:
+            parts = ", ".join(f"{t.split('/')[-1]} {v:.0%}" for t, v in ph["shares"].items())
+            ms = ph["iteration_time_s"] * 1000
+            print(f"phases {run['contender']}#{run['round']} (iteration {ms:.1f} ms): {parts}")
+    g = res["guard"]
+    load = res["machine_check"]["loadavg"][0]
+    print(f"verdict: {res['verdict']} (max reference drift {g['max_abs_drift']:.1%}); load average "
+          f"before {load:.2f}, after {res['loadavg_after'][0]:.2f}, "
+          f"{res['machine']['usable_cores']} core(s)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

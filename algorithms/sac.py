@@ -42,7 +42,8 @@ from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, LEARNER_RESULTS
 
 from raylab.algorithms.env_runner import RaylabEnvRunner
 from raylab.algorithms.replay import DeviceReplay
-from raylab.algorithms.sac_module import RaylabSACModule, squashed_gaussian_sample
+from raylab.algorithms.sac_kernel import SACParts, sac_update
+from raylab.algorithms.sac_module import RaylabSACModule
 from raylab.algorithms.timeline import (
     COLLECTOR_TRACKER,
     LEARNER_TRACKER,
@@ -247,16 +248,16 @@ class RaylabSACLearner(SACTorchLearner):
         self.stats = stats_tracker.get(LEARNER_TRACKER)
         self._mid = DEFAULT_MODULE_ID
         module = self.module[self._mid].unwrapped()
-        self._target_pairs = [
-            (list(main.parameters()), list(target.parameters()))
-            for main, target in module.get_target_network_pairs()
-        ]
-        self._critic_params = list(module.qf.parameters()) + list(module.qf_twin.parameters())
+
         self._acc: Dict[str, torch.Tensor] = {}
         self._acc_n = 0
         self._world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         self._rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-        self._optimizers_list = list(self._named_optimizers.values())
+        self._parts = SACParts(
+            pi=module.pi, qf=module.qf, qf_twin=module.qf_twin, target_qf=module.target_qf,
+            target_qf_twin=module.target_qf_twin, log_alpha=self.curr_log_alpha[self._mid],
+            optimizers=list(self._named_optimizers.values()),
+        )
         self._update_fn = self._fused_update
         if cfg.torch_compile and self._device.type == "cuda":
             self._update_fn = torch.compile(self._fused_update)
@@ -379,60 +380,20 @@ class RaylabSACLearner(SACTorchLearner):
                 self._cond.notify_all()
 
     def _fused_update(self, b: Dict[str, torch.Tensor]) -> None:
-        """One SAC step: twin critics, actor and temperature, with one backward pass."""
+        """One fused SAC step (``sac_kernel.sac_update``); statistics stay on the device."""
         cfg = self.config
-        mid = self._mid
-        wrapped = self.module[mid]
-        m = wrapped.unwrapped()
-        log_alpha = self.curr_log_alpha[mid]
-        autocast = (
-            torch.autocast("cuda", dtype=torch.bfloat16)
-            if cfg.bf16_autocast and self._device.type == "cuda"
-            else contextlib.nullcontext()
-        )
+        wrapped = self.module[self._mid]
         no_sync = wrapped.no_sync() if hasattr(wrapped, "no_sync") else contextlib.nullcontext()
-        with autocast, no_sync:
-            alpha = log_alpha.exp().detach()
-            with torch.no_grad():
-                next_action, next_logp = squashed_gaussian_sample(m.policy_inputs(b["next_obs"]))
-                tq1, tq2 = m.q_values(b["next_obs"], next_action, target=True)
-                next_v = torch.min(tq1, tq2) - alpha * next_logp
-                target = b["rewards"] + cfg.gamma * (1.0 - b["terminateds"]) * next_v
-            q1, q2 = m.q_values(b["obs"], b["actions"])
-            huber = torch.nn.functional.huber_loss
-            critic_loss = huber(q1, target, delta=1.0) + huber(q2, target, delta=1.0)
-            action, logp = squashed_gaussian_sample(m.policy_inputs(b["obs"]))
-            # The actor's gradient must not reach the critics: freeze them for this pass.
-            for p in self._critic_params:
-                p.requires_grad_(False)
-            pq1, pq2 = m.q_values(b["obs"], action)
-            for p in self._critic_params:
-                p.requires_grad_(True)
-            q_pi = torch.min(pq1, pq2)
-            actor_loss = (alpha * logp - q_pi).mean()
-            alpha_loss = -(log_alpha * (logp.detach() + self.target_entropy[mid])).mean()
-            total = critic_loss + actor_loss + alpha_loss
-        optimizers = self._optimizers_list
-        for opt in optimizers:
-            opt.zero_grad(set_to_none=True)
-        total.backward()
-        if self._world > 1:
-            self._all_reduce_grads()
-        if cfg.grad_clip:
-            for opt in optimizers:
-                params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
-                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
-        for opt in optimizers:
-            opt.step()
-        with torch.no_grad():
-            for main, target_params in self._target_pairs:
-                torch._foreach_lerp_(target_params, main, cfg.tau)
-            # Statistics stay on the device until the metrics are read (no per-update sync).
-            for name, value in (
-                ("critic", critic_loss), ("actor", actor_loss), ("alpha", alpha_loss),
-                ("q_mean", q_pi.mean()), ("alpha_value", alpha[0]), ("logp", logp.mean()),
-            ):
-                v = value.detach().float()
+        with no_sync:
+            stats = sac_update(
+                self._parts, b, gamma=cfg.gamma, tau=cfg.tau,
+                target_entropy=self.target_entropy[self._mid], grad_clip=cfg.grad_clip,
+                bf16=cfg.bf16_autocast and self._device.type == "cuda",
+                all_reduce=self._all_reduce_grads if self._world > 1 else None,
+            )
+        with torch.no_grad():  # accumulated on the device; read once per metrics pull
+            for name, v in stats.items():
+                v = v.float()
                 self._acc[name] = self._acc[name] + v if name in self._acc else v.clone()
             self._acc_n += 1
 

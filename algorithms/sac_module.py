@@ -11,40 +11,14 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List
 
 import torch
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.distribution.torch.torch_distribution import TorchSquashedGaussian
 from ray.rllib.core.rl_module.apis import InferenceOnlyAPI, QNetAPI, TargetNetworkAPI
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
-from torch import nn
-
-LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
-_ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU}
-
-
-def mlp(inputs: int, hidden: List[int], outputs: int, activation: str) -> nn.Sequential:
-    layers, width = [], inputs
-    for h in hidden:
-        layers += [nn.Linear(width, h), _ACTIVATIONS[activation]()]
-        width = h
-    layers.append(nn.Linear(width, outputs))
-    return nn.Sequential(*layers)
-
-
-def squashed_gaussian_sample(dist_inputs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Reparameterised tanh-Gaussian sample in [-1, 1] and its log-probability."""
-    mean, log_std = dist_inputs.chunk(2, dim=-1)
-    std = log_std.exp()
-    noise = torch.randn_like(mean)
-    pre_tanh = mean + std * noise
-    action = torch.tanh(pre_tanh)
-    log_prob = (-0.5 * noise.pow(2) - log_std - 0.5 * math.log(2.0 * math.pi)).sum(-1)
-    # Change of variables for tanh, in the numerically stable form 2*(log2 - u - softplus(-2u)).
-    log_prob = log_prob - (2.0 * (math.log(2.0) - pre_tanh - nn.functional.softplus(-2.0 * pre_tanh))).sum(-1)
-    return action, log_prob
-
+from raylab.algorithms.sac_kernel import mlp, policy_inputs, q_pair
 
 class RaylabSACModule(TorchRLModule, InferenceOnlyAPI, TargetNetworkAPI, QNetAPI):
     def setup(self) -> None:
@@ -59,8 +33,7 @@ class RaylabSACModule(TorchRLModule, InferenceOnlyAPI, TargetNetworkAPI, QNetAPI
 
     # ---- policy ---------------------------------------------------------------------------
     def policy_inputs(self, obs: torch.Tensor) -> torch.Tensor:
-        mean, log_std = self.pi(obs.flatten(1)).chunk(2, dim=-1)
-        return torch.cat([mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)], dim=-1)
+        return policy_inputs(self.pi, obs)
 
     def _forward_inference(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
         return {Columns.ACTION_DIST_INPUTS: self.policy_inputs(batch[Columns.OBS])}
@@ -82,10 +55,9 @@ class RaylabSACModule(TorchRLModule, InferenceOnlyAPI, TargetNetworkAPI, QNetAPI
 
     # ---- critics --------------------------------------------------------------------------
     def q_values(self, obs: torch.Tensor, actions: torch.Tensor, target: bool = False):
-        x = torch.cat([obs.flatten(1), actions], dim=-1)
         if target:
-            return self.target_qf(x).squeeze(-1), self.target_qf_twin(x).squeeze(-1)
-        return self.qf(x).squeeze(-1), self.qf_twin(x).squeeze(-1)
+            return q_pair(self.target_qf, self.target_qf_twin, obs, actions)
+        return q_pair(self.qf, self.qf_twin, obs, actions)
 
     def compute_q_values(self, batch: Dict[str, Any]) -> Dict[str, Any]:
         q1, q2 = self.q_values(batch[Columns.OBS], batch[Columns.ACTIONS])

@@ -223,8 +223,6 @@ class RaylabTuneCallback(tune.Callback):
         self._run(trial)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        from raylab.metrics.manifest import build_manifest
-
         run = self._run(trial)
         metrics = S.normalize(canonical_metrics(result, run["prev"]))
         step = env_steps(result)

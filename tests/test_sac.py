@@ -14,7 +14,7 @@ import torch
 from conftest import run_cli
 from raylab.algorithms.replay import DeviceReplay
 from raylab.algorithms.sac import owed_updates
-from raylab.algorithms.sac_module import squashed_gaussian_sample
+from raylab.algorithms.sac_kernel import squashed_gaussian_sample
 from raylab.metrics import schema as S
 from raylab.metrics.extract import extract
 from raylab.metrics.rundir import read_summary
@@ -135,7 +135,7 @@ def test_fused_update_equals_the_loss_by_loss_update(learner):
     module = learner.module["default_policy"].unwrapped()
     ref_module = copy.deepcopy(module)
     ref_alpha = learner.curr_log_alpha["default_policy"].detach().clone().requires_grad_(True)
-    lrs = [o.param_groups[0]["lr"] for o in learner._optimizers_list]
+    lrs = [o.param_groups[0]["lr"] for o in learner._parts.optimizers]
     ref_opts = (
         torch.optim.Adam(list(ref_module.qf.parameters()) + list(ref_module.qf_twin.parameters()), lr=lrs[0], eps=1e-7),
         torch.optim.Adam(ref_module.pi.parameters(), lr=lrs[1], eps=1e-7),

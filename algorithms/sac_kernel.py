@@ -1,0 +1,136 @@
+"""The SAC update in plain torch: networks, tanh-Gaussian sampling and one fused step.
+
+No Ray or RLlib here, so the same step runs inside ``RaylabSACLearner`` and in standalone
+checks and benchmarks (for example on a GPU machine without Ray). One step trains the twin
+critics, the actor and the temperature with a single backward pass: the critic loss reaches
+only the critics, the actor loss only the policy (the critics are frozen while it is formed)
+and the temperature loss only log(alpha).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
+_ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU}
+
+
+def mlp(inputs: int, hidden: Sequence[int], outputs: int, activation: str = "relu") -> nn.Sequential:
+    layers, width = [], inputs
+    for h in hidden:
+        layers += [nn.Linear(width, h), _ACTIVATIONS[activation]()]
+        width = h
+    layers.append(nn.Linear(width, outputs))
+    return nn.Sequential(*layers)
+
+
+def policy_inputs(pi: nn.Module, obs: torch.Tensor) -> torch.Tensor:
+    """[mean, log_std] of the Gaussian before tanh, log_std clamped."""
+    mean, log_std = pi(obs.flatten(1)).chunk(2, dim=-1)
+    return torch.cat([mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)], dim=-1)
+
+
+def q_pair(q1: nn.Module, q2: nn.Module, obs: torch.Tensor, actions: torch.Tensor):
+    x = torch.cat([obs.flatten(1), actions], dim=-1)
+    return q1(x).squeeze(-1), q2(x).squeeze(-1)
+
+
+def squashed_gaussian_sample(dist_inputs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Reparameterised tanh-Gaussian sample in [-1, 1] and its log-probability."""
+    mean, log_std = dist_inputs.chunk(2, dim=-1)
+    noise = torch.randn_like(mean)
+    pre_tanh = mean + log_std.exp() * noise
+    action = torch.tanh(pre_tanh)
+    log_prob = (-0.5 * noise.pow(2) - log_std - 0.5 * math.log(2.0 * math.pi)).sum(-1)
+    # Change of variables for tanh, in the stable form 2 * (log 2 - u - softplus(-2u)).
+    log_prob = log_prob - (2.0 * (math.log(2.0) - pre_tanh - nn.functional.softplus(-2.0 * pre_tanh))).sum(-1)
+    return action, log_prob
+
+
+@dataclass
+class SACParts:
+    """What one SAC step touches."""
+
+    pi: nn.Module
+    qf: nn.Module
+    qf_twin: nn.Module
+    target_qf: nn.Module
+    target_qf_twin: nn.Module
+    log_alpha: torch.Tensor
+    optimizers: List[torch.optim.Optimizer]
+
+    def __post_init__(self):
+        self.critic_params = list(self.qf.parameters()) + list(self.qf_twin.parameters())
+        self.target_pairs = [
+            (list(self.qf.parameters()), list(self.target_qf.parameters())),
+            (list(self.qf_twin.parameters()), list(self.target_qf_twin.parameters())),
+        ]
+
+
+def sac_update(
+    parts: SACParts,
+    b: Dict[str, torch.Tensor],
+    *,
+    gamma: float,
+    tau: float,
+    target_entropy: float,
+    grad_clip: Optional[float] = None,
+    bf16: bool = False,
+    all_reduce: Optional[Callable[[], None]] = None,
+) -> Dict[str, torch.Tensor]:
+    """One fused SAC step on batch ``b``; returns detached statistics (still on the device)."""
+    p = parts
+    autocast = (
+        torch.autocast("cuda", dtype=torch.bfloat16)
+        if bf16 and b["obs"].is_cuda
+        else contextlib.nullcontext()
+    )
+    with autocast:
+        alpha = p.log_alpha.exp().detach()
+        with torch.no_grad():
+            next_action, next_logp = squashed_gaussian_sample(policy_inputs(p.pi, b["next_obs"]))
+            tq1, tq2 = q_pair(p.target_qf, p.target_qf_twin, b["next_obs"], next_action)
+            next_v = torch.min(tq1, tq2) - alpha * next_logp
+            target = b["rewards"] + gamma * (1.0 - b["terminateds"]) * next_v
+        q1, q2 = q_pair(p.qf, p.qf_twin, b["obs"], b["actions"])
+        huber = nn.functional.huber_loss
+        critic_loss = huber(q1.float(), target.float(), delta=1.0) + huber(q2.float(), target.float(), delta=1.0)
+        action, logp = squashed_gaussian_sample(policy_inputs(p.pi, b["obs"]))
+        for param in p.critic_params:  # the actor's gradient must not reach the critics
+            param.requires_grad_(False)
+        pq1, pq2 = q_pair(p.qf, p.qf_twin, b["obs"], action)
+        for param in p.critic_params:
+            param.requires_grad_(True)
+        q_pi = torch.min(pq1, pq2).float()
+        logp = logp.float()
+        actor_loss = (alpha * logp - q_pi).mean()
+        alpha_loss = -(p.log_alpha * (logp.detach() + target_entropy)).mean()
+        total = critic_loss + actor_loss + alpha_loss
+    for opt in p.optimizers:
+        opt.zero_grad(set_to_none=True)
+    total.backward()
+    if all_reduce is not None:
+        all_reduce()
+    if grad_clip:
+        for opt in p.optimizers:
+            params = [q for g in opt.param_groups for q in g["params"] if q.grad is not None]
+            nn.utils.clip_grad_norm_(params, grad_clip, foreach=True)
+    for opt in p.optimizers:
+        opt.step()
+    with torch.no_grad():
+        for main, target_params in p.target_pairs:
+            torch._foreach_lerp_(target_params, main, tau)
+    return {
+        "critic": critic_loss.detach(),
+        "actor": actor_loss.detach(),
+        "alpha": alpha_loss.detach(),
+        "q_mean": q_pi.detach().mean(),
+        "alpha_value": alpha[0],
+        "logp": logp.detach().mean(),
+    }

@@ -96,6 +96,13 @@ class _TimedLearnerMixin:
         with self.timeline.background(S.PERF_LEARNER_INGEST_MS):
             return super()._make_batch_if_necessary(training_data)
 
+    def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
+        loss = super().compute_loss_for_module(
+            module_id=module_id, config=config, batch=batch, fwd_out=fwd_out
+        )
+        self._record_batch_stats(module_id, batch, loss)
+        return loss
+
     def _record_batch_stats(self, module_id: str, batch: Dict[str, Any], loss) -> None:
         """Loss and policy statistics through the stats tracker, masks as denominators."""
         import torch
@@ -162,13 +169,6 @@ class RaylabPPOLearner(_TimedLearnerMixin, PPOTorchLearner):
         result = super().update(*args, training_data=training_data, **kwargs)
         self._last_update_end = time.perf_counter()
         return result
-
-    def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
-        loss = super().compute_loss_for_module(
-            module_id=module_id, config=config, batch=batch, fwd_out=fwd_out
-        )
-        self._record_batch_stats(module_id, batch, loss)
-        return loss
 
     def after_gradient_based_update(self, *, timesteps):
         super().after_gradient_based_update(timesteps=timesteps)
@@ -252,13 +252,6 @@ class RaylabAPPOLearner(_TimedLearnerMixin, APPOTorchLearner):
             with self.timeline.phase(S.PERF_LEARNER_WEIGHT_PUBLISH_MS):
                 return super().get_state(*args, **kwargs)
         return super().get_state(*args, **kwargs)
-
-    def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
-        loss = super().compute_loss_for_module(
-            module_id=module_id, config=config, batch=batch, fwd_out=fwd_out
-        )
-        self._record_batch_stats(module_id, batch, loss)
-        return loss
 
     def after_gradient_based_update(self, *, timesteps):
         super().after_gradient_based_update(timesteps=timesteps)

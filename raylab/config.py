@@ -23,18 +23,12 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from omegaconf import DictConfig, MISSING, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from raylab.envs.tasks import TASKS, EnvConfig, TaskSpec
+from raylab.envs.tasks import TASKS, EnvConfig, TaskSpec, _f
 from raylab.errors import UserError, choices_hint
 
 SIMS = ("mujoco",)
 
 
-def _f(default: Any = MISSING, help: str = "", choices: Tuple[str, ...] = (), factory=None):
-    """A dataclass field with its help text and, for strings, its valid choices."""
-    meta = {"help": help, "choices": choices}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 # --------------------------------------------------------------------------------- training

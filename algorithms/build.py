@@ -99,7 +99,7 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
             min_time_s_per_iteration=cfg.training.iteration_s,
             metrics_num_episodes_for_smoothing=100,
         )
-        .debugging(seed=cfg.training.seed, log_level="ERROR")
+        .debugging(seed=cfg.training.seed, log_level="ERROR", log_sys_usage=False)
         .fault_tolerance(
             restart_failed_env_runners=True,
             max_num_env_runner_restarts=1000,

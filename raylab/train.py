@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from raylab.config import compose, to_dict
 from raylab.errors import UserError
+from raylab.quiet import quiet_logs
 
 TUNE_DIR = "tune"
 
@@ -107,7 +108,11 @@ def init_ray(cfg: DictConfig) -> dict:
     # A job's runtime_env is merged with the driver's by Ray, which refuses a key set twice:
     # the job's own env_vars win.
     env_vars = {k: v for k, v in _DRIVER_ENV_VARS.items() if k not in (job_env or {})}
-    runtime_env = {"env_vars": env_vars} if env_vars else None
+    runtime_env = {"env_vars": env_vars} if env_vars else {}
+    quiet_logs()
+    if job_env is None:  # a job may bring its own setup hook; Ray refuses two
+        runtime_env["worker_process_setup_hook"] = "raylab.quiet.quiet_logs"
+    runtime_env = runtime_env or None
     if address:
         _say(f"joining Ray cluster at {address}" + (" (Ray job)" if job_env is not None else ""))
         _check_reachable(address)

@@ -39,6 +39,14 @@ _ENTRY_POINTS: dict = {
         "raylab.envs.microduck:MicroduckBalanceEnv",
         "raylab.envs.microduck_vec:MicroduckBalanceVecEnv",
     ),
+    "go2_joystick_flat": (
+        "raylab.envs.go2:Go2JoystickFlatEnv",
+        "raylab.envs.go2:Go2JoystickFlatVecEnv",
+    ),
+    "microduck_joystick": (
+        "raylab.envs.microduck_joystick:MicroduckJoystickEnv",
+        "raylab.envs.microduck_joystick:MicroduckJoystickVecEnv",
+    ),
 }
 
 _register()

@@ -20,8 +20,9 @@ import numpy as np
 from raylab.errors import UserError
 from raylab.train import TUNE_DIR, load_run_config
 
-# A Microduck step "survives" when the trunk is above 4 cm (robots facts).
-SURVIVAL_HEIGHT_M = 0.04
+# A Microduck step "survives" when the trunk is above 4 cm (robots facts). Tasks without such a
+# threshold count an episode as survived when it runs to its time limit without terminating.
+SURVIVAL_HEIGHT_M = {"microduck_balance": 0.04, "microduck_joystick": 0.04}
 MODULE_SUBDIR = Path("learner_group") / "learner" / "rl_module" / "default_policy"
 
 
@@ -66,7 +67,7 @@ def load_policy(path: Path):
     from ray.rllib.core.rl_module.rl_module import RLModule
 
     try:
-        return RLModule.from_checkpoint(str(path / MODULE_SUBDIR))
+        return RLModule.from_checkpoint(str((path / MODULE_SUBDIR).resolve()))
     except Exception as e:  # corrupt state files
         raise UserError(f"cannot load the policy in '{path}': {type(e).__name__}: {e}") from e
 
@@ -98,7 +99,10 @@ def make_eval_env(cfg, render: bool = False):
     return gym.make(cfg.env.gym_id, **kwargs)
 
 
-def run_episodes(module, env, episodes: int, seed: int, video_path: Optional[Path] = None):
+def run_episodes(
+    module, env, episodes: int, seed: int, video_path: Optional[Path] = None,
+    survival_height: Optional[float] = None,
+):
     returns, lengths, survival = [], [], []
     frames = []
     renderer = None
@@ -113,8 +117,8 @@ def run_episodes(module, env, episodes: int, seed: int, video_path: Optional[Pat
             obs, reward, terminated, truncated, info = env.step(action)
             ep_ret += float(reward)
             ep_len += 1
-            if "trunk_height" in info:
-                alive.append(float(info["trunk_height"]) > SURVIVAL_HEIGHT_M)
+            if survival_height is not None and "trunk_height" in info:
+                alive.append(float(info["trunk_height"]) > survival_height)
             done = bool(terminated or truncated)
             if renderer is not None and i == 0:
                 frames.append(renderer.render())
@@ -198,7 +202,9 @@ def evaluate(run_dir: str, checkpoint: Optional[str], episodes: int, seed: int, 
     env = make_eval_env(cfg)
     video_path = run / "play_video.mp4" if video else None
     print(f"raylab: evaluating {ckpt} on {cfg.task}, {episodes} episodes", file=sys.stderr)
-    stats = run_episodes(module, env, episodes, seed, video_path)
+    stats = run_episodes(
+        module, env, episodes, seed, video_path, survival_height=SURVIVAL_HEIGHT_M.get(cfg.task)
+    )
     env.close()
     stats.update({"checkpoint": str(ckpt), "task": cfg.task, "algo": cfg.algo.name})
     if video_path is not None:

@@ -1,0 +1,879 @@
+"""Joystick (velocity-command tracking) tasks on the batched MuJoCo backend: the shared pieces.
+
+A joystick task is a :class:`JoystickTask` table (robot model and names, observation terms, gait
+and contact constants, domain-randomisation ranges) plus the options of its config dataclass
+in :mod:`raylab.envs.tasks`. :class:`JoystickVecEnv` runs any such table on
+:class:`~raylab.envs.backend.BatchedMujoco` with the term managers of
+:mod:`raylab.envs.managers`; :class:`JoystickEnv` is the same env with one robot behind the plain
+``gymnasium.Env`` interface (``gymnasium.make``, ``raylab eval``). The two tasks are
+``raylab.envs.go2`` (Go2-like quadruped on flat ground) and ``raylab.envs.microduck_joystick``.
+
+Reward terms are shared by both tasks. Each is one function ``f(env) -> (N,)`` of the plain
+state arrays below, listed in :data:`REWARD_TERMS`; its weight is the option ``rew_<term>``
+(a field of the task's config dataclass). A task's reward table is every term whose weight is
+non-zero, in :data:`REWARD_TERMS` order, so the ``reward/<term>`` logs carry exactly the
+configured terms. Penalties have a raw value >= 0 and a negative weight; tracking-type terms
+are kernels in (0, 1], maximal at zero error. The reward handed to the learner is
+``CONTROL_DT x sum(weight x raw)`` (legged_gym / Playground convention, so returns stay
+O(10)), clipped at 0 with ``positive_reward`` (the default; legged_gym's
+only_positive_rewards: a step never pays less than nothing, so ending the episode by falling
+never pays). ``reward/<term>`` logs ``weight x raw`` before the dt scaling and the clip.
+
+Env state (one row per env; term functions read only these):
+
+    joint_pos, joint_vel (N, J)      servo joint angles and velocities (sensors)
+    default (J,)                      default pose: the servo targets of the keyframe
+    action, prev_action (N, J)        action taken on this step and on the one before
+    gyro (N, 3)                       trunk angular velocity, trunk frame (rad/s)
+    lin_vel (N, 3)                    trunk linear velocity, trunk frame (m/s)
+    gravity (N, 3)                    unit gravity in the trunk frame; upright_cos = -gravity z
+    trunk_height (N,)                 trunk origin above the floor (m)
+    command (N, 3)                    (vx, vy, yaw rate) being tracked on this step
+    moving (N,)                       |command| > MOVING_COMMAND (feet terms only then)
+    foot_height (N, F)                lowest point of each foot above the floor (m)
+    foot_vel (N, F, 3)                world linear velocity of each foot (m/s)
+    contact (N, F)                    foot touch force above the task's threshold
+    touchdown (N, F)                  contact now, none on the step before
+    air_time_at_touchdown (N, F)      length of the swing that ended this step (s), else 0
+    foot_phase (N, F)                 gait clock + per-foot offset, in [0, 1); swing in [0, 0.5)
+    fallen (N,)                       upright_cos <= the task's threshold
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import gymnasium as gym
+import mujoco
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+
+from raylab.envs.backend import BatchedMujoco
+from raylab.envs.managers import (
+    CommandManager,
+    CommandTerm,
+    EventManager,
+    EventTerm,
+    ObservationManager,
+    ObsTerm,
+    RewardManager,
+    RewardTerm,
+    TerminationManager,
+    TerminationTerm,
+)
+from raylab.envs.microduck import AUTORESET_MODES, INFO_MODES, check_choice, nominal_physics
+from raylab.envs.microduck_vec import gravity_from_quat, upright
+
+CONTROL_DT = 0.02  # 50 Hz control in both tasks
+MOVING_COMMAND = 0.1  # |command| above this counts as "move" for the feet terms
+POSE_SIGMA = 1.0  # rad^2: pose = exp(-sum (q - default)^2 / POSE_SIGMA)
+
+# Options that configure the vector env rather than the task; the single env accepts and
+# ignores them so that one env_config serves both.
+VECTOR_ONLY_OPTIONS = ("num_threads", "allow_overcommit", "autoreset_mode", "info_mode")
+PLUMBING_FIELDS = ("gym_id", "num_envs", "kwargs")  # raylab config fields that are not options
+REWARD_PREFIX = "rew_"
+
+
+# ---------------------------------------------------------------------------------------------
+# Reward terms: raw values, one per env (weights are the options rew_<term>)
+# ---------------------------------------------------------------------------------------------
+
+
+def _sum_sq(x: np.ndarray) -> np.ndarray:
+    return np.sum(x * x, axis=-1)
+
+
+def tracking_lin_vel(env):
+    """exp(-|cmd_xy - v_xy|^2 / tracking_sigma_lin), trunk frame; 1 at zero error."""
+    e = env.command[:, :2] - env.lin_vel[:, :2]
+    return np.exp(-_sum_sq(e) / env.opts.tracking_sigma_lin)
+
+
+def tracking_ang_vel(env):
+    """exp(-(cmd_yaw - yaw rate)^2 / tracking_sigma_ang); 1 at zero error."""
+    e = env.command[:, 2] - env.gyro[:, 2]
+    return np.exp(-(e * e) / env.opts.tracking_sigma_ang)
+
+
+def lin_vel_z(env):
+    """Vertical trunk velocity squared (penalty)."""
+    v = env.lin_vel[:, 2]
+    return v * v
+
+
+def ang_vel_xy(env):
+    """Roll and pitch rate squared (penalty)."""
+    return _sum_sq(env.gyro[:, :2])
+
+
+def orientation(env):
+    """Tilt: squared x, y of gravity in the trunk frame (penalty); 0 when level."""
+    return _sum_sq(env.gravity[:, :2])
+
+
+def base_height(env):
+    """(trunk height - base_height_target)^2 (penalty)."""
+    e = env.trunk_height - env.opts.base_height_target
+    return e * e
+
+
+def action_rate(env):
+    """Sum of squared action changes (penalty)."""
+    return _sum_sq(env.action - env.prev_action)
+
+
+def similar_to_default(env):
+    """Sum of |q - default| over the servo joints (penalty)."""
+    return np.sum(np.abs(env.joint_pos - env.default), axis=1)
+
+
+def pose(env):
+    """exp(-sum (q - default)^2 / POSE_SIGMA): 1 at the default pose."""
+    return np.exp(-_sum_sq(env.joint_pos - env.default) / POSE_SIGMA)
+
+
+def feet_air_time(env):
+    """At each touchdown, the swing's air time minus air_time_min, at most air_time_max -
+    air_time_min (negative for shuffling steps); summed over feet; 0 when the command is zero."""
+    lo, hi = env.opts.air_time_min_s, env.opts.air_time_max_s
+    t = np.minimum(env.air_time_at_touchdown - lo, hi - lo) * env.touchdown
+    return np.sum(t, axis=1) * env.moving
+
+
+def feet_swing_height(env):
+    """Feet follow the gait clock: desired height swing_height x sin(2 pi phase) in swing
+    (phase < 0.5), 0 in stance, and 0 for every foot when the command is zero;
+    exp(-sum ((height - desired) / swing_height)^2); 1 at zero error."""
+    h = env.opts.swing_height
+    desired = h * np.maximum(0.0, np.sin(2.0 * np.pi * env.foot_phase)) * env.moving[:, None]
+    e = (env.foot_height - desired) / h
+    return np.exp(-_sum_sq(e))
+
+
+def foot_clearance(env):
+    """Feet moving sideways away from the swing height: sum (height - swing_height)^2 x
+    sqrt(|v_xy|) over feet (penalty)."""
+    e = env.foot_height - env.opts.swing_height
+    speed = np.sqrt(np.sqrt(_sum_sq(env.foot_vel[..., :2])))
+    return np.sum(e * e * speed, axis=1)
+
+
+def foot_slip(env):
+    """Squared horizontal speed of the feet in contact (penalty)."""
+    return np.sum(_sum_sq(env.foot_vel[..., :2]) * env.contact, axis=1)
+
+
+def termination(env):
+    """1 on the step the robot falls (penalty)."""
+    return env.fallen.astype(np.float64)
+
+
+# Every reward term a joystick task can use, in the order the reward adds them. Its weight is
+# the option rew_<name>; weight 0 leaves the term out of the table and out of the logs.
+REWARD_TERMS: Dict[str, Callable] = {
+    "tracking_lin_vel": tracking_lin_vel,
+    "tracking_ang_vel": tracking_ang_vel,
+    "upright": upright,
+    "lin_vel_z": lin_vel_z,
+    "ang_vel_xy": ang_vel_xy,
+    "orientation": orientation,
+    "base_height": base_height,
+    "action_rate": action_rate,
+    "similar_to_default": similar_to_default,
+    "pose": pose,
+    "feet_air_time": feet_air_time,
+    "feet_swing_height": feet_swing_height,
+    "foot_clearance": foot_clearance,
+    "foot_slip": foot_slip,
+    "termination": termination,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Observation and termination terms
+# ---------------------------------------------------------------------------------------------
+
+
+def obs_gyro(env):
+    return env.gyro
+
+
+def obs_gravity(env):
+    return env.gravity
+
+
+def obs_joint_pos(env):
+    return env.joint_pos - env.default
+
+
+def obs_joint_vel(env):
+    return env.joint_vel
+
+
+def obs_action(env):
+    return env.action
+
+
+def obs_command(env):
+    return env.command
+
+
+def obs_foot_phase(env):
+    """sin(2 pi phase) of each foot's gait clock (dropped when gait_freq_hz is 0)."""
+    return np.sin(2.0 * np.pi * env.foot_phase)
+
+
+def fell(env):
+    return env.fallen
+
+
+def time_out(env):
+    return env.step_count >= env.opts.episode_steps
+
+
+TERMINATIONS = (
+    TerminationTerm("fallen", fell),
+    TerminationTerm("time_out", time_out, time_out=True),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# The robot: name lookups resolved once per model
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LeggedRobot:
+    """Addresses of a legged robot's servos, feet and sensors in one compiled model.
+
+    Sensors the joystick env reads (by name): ``gyro``, ``orientation``, ``trunk_pos``,
+    ``local_linvel``; ``pos_<actuator>``, ``vel_<actuator>``, ``frc_<actuator>`` contiguous in
+    actuator order; ``<foot>_foot_pos``, ``<foot>_foot_vel``, ``<foot>_foot_touch`` contiguous in
+    foot order.
+    """
+
+    key_id: int
+    root_dof: int
+    floor_geom: int
+    nbody: int
+    act_ids: np.ndarray
+    qpos_adr: np.ndarray
+    dof_adr: np.ndarray
+    key_qpos: np.ndarray  # (nq,) the keyframe
+    default: np.ndarray  # (J,) the keyframe's servo targets: the default pose
+    lower: np.ndarray
+    upper: np.ndarray
+    sensors: Dict[str, slice]
+
+    @classmethod
+    def of(cls, model: mujoco.MjModel, actuators: Tuple[str, ...], feet: Tuple[str, ...],
+           key: str) -> "LeggedRobot":  # fmt: skip
+        jid = np.array([model.actuator(a).trnid[0] for a in actuators])
+        act_ids = np.array([model.actuator(a).id for a in actuators])
+        key_id = model.key(key).id
+        sensors = {}
+        for s in range(model.nsensor):
+            name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_SENSOR, s)
+            adr, dim = int(model.sensor_adr[s]), int(model.sensor_dim[s])
+            sensors[name] = slice(adr, adr + dim)
+        blocks = {
+            "joint_pos": [f"pos_{a}" for a in actuators],
+            "joint_vel": [f"vel_{a}" for a in actuators],
+            "joint_force": [f"frc_{a}" for a in actuators],
+            "foot_pos": [f"{f}_foot_pos" for f in feet],
+            "foot_vel": [f"{f}_foot_vel" for f in feet],
+            "foot_touch": [f"{f}_foot_touch" for f in feet],
+        }
+        for group, names in blocks.items():
+            missing = [n for n in names if n not in sensors]
+            if missing:
+                raise ValueError(f"the model has no sensor(s) {', '.join(missing)}")
+            first, last = sensors[names[0]].start, sensors[names[-1]].stop
+            dims = [sensors[n].stop - sensors[n].start for n in names]
+            starts = [sensors[n].start for n in names]
+            if starts != list(first + np.cumsum([0] + dims[:-1])) or last - first != sum(dims):
+                raise ValueError(f"the {group} sensors must be contiguous, in order: {names}")
+            sensors[group] = slice(first, last)
+        root = [j for j in range(model.njnt) if model.jnt_type[j] == mujoco.mjtJoint.mjJNT_FREE]
+        return cls(
+            key_id=key_id,
+            root_dof=int(model.jnt_dofadr[root[0]]),
+            floor_geom=model.geom("floor").id,
+            nbody=model.nbody,
+            act_ids=act_ids,
+            qpos_adr=model.jnt_qposadr[jid].copy(),
+            dof_adr=model.jnt_dofadr[jid].copy(),
+            key_qpos=model.key_qpos[key_id].copy(),
+            default=model.key_ctrl[key_id][act_ids].copy(),
+            lower=model.jnt_range[jid, 0].copy(),
+            upper=model.jnt_range[jid, 1].copy(),
+            sensors=sensors,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Domain randomisation: friction, masses, kp, kd
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DomainRanges:
+    """Uniform ranges of the per-episode physics factors (all relative to the nominal model)."""
+
+    friction: Tuple[float, float] = (0.5, 1.25)  # floor sliding friction
+    mass: Tuple[float, float] = (0.9, 1.1)  # each body's mass and inertia, drawn per body
+    kp: Tuple[float, float] = (0.85, 1.15)  # servo stiffness, one factor for all servos
+    kd: Tuple[float, float] = (0.7, 1.3)  # servo damping (actuator kv and joint damping)
+
+
+def draw_domain(rng: np.random.Generator, ranges: DomainRanges, nbody: int) -> Dict[str, Any]:
+    """One episode's physics factors; draw order: friction, masses (bodies 1..), kp, kd."""
+    friction = float(rng.uniform(*ranges.friction))
+    mass = np.ones(nbody)
+    mass[1:] = rng.uniform(*ranges.mass, size=nbody - 1)
+    kp = float(rng.uniform(*ranges.kp))
+    kd = float(rng.uniform(*ranges.kd))
+    return {"friction": friction, "mass": mass, "kp": kp, "kd": kd}
+
+
+def apply_domain(model: mujoco.MjModel, nominal: Dict[str, np.ndarray], robot: LeggedRobot,
+                 domain: Optional[Dict[str, Any]]) -> None:  # fmt: skip
+    """Restore the nominal fields, then (if ``domain``) write the episode's factors; values are
+    always computed from the nominal arrays, so nothing compounds across episodes."""
+    for name, value in nominal.items():
+        getattr(model, name)[:] = value
+    if domain is None:
+        return
+    a, dof = robot.act_ids, robot.dof_adr
+    model.geom_friction[robot.floor_geom, 0] = (
+        nominal["geom_friction"][robot.floor_geom, 0] * domain["friction"]
+    )
+    model.body_mass[:] = nominal["body_mass"] * domain["mass"]
+    model.body_inertia[:] = nominal["body_inertia"] * domain["mass"][:, None]
+    model.actuator_gainprm[a, 0] = nominal["actuator_gainprm"][a, 0] * domain["kp"]
+    model.actuator_biasprm[a, 1] = nominal["actuator_biasprm"][a, 1] * domain["kp"]
+    model.actuator_biasprm[a, 2] = nominal["actuator_biasprm"][a, 2] * domain["kd"]
+    model.dof_damping[dof] = nominal["dof_damping"][dof] * domain["kd"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Event terms
+# ---------------------------------------------------------------------------------------------
+
+
+def reset_physics(env, env_ids):
+    """Nominal physics, or (domain_randomization) this episode's drawn factors."""
+    for i in env_ids:
+        dom = None
+        if env.opts.domain_randomization:
+            dom = draw_domain(env.rngs[i], env.task.domain, env.robot.nbody)
+        env.domain[i] = dom
+        apply_domain(env.sim.models[i], env.nominal, env.robot, dom)
+
+
+def reset_state(env, env_ids):
+    """Keyframe, joint noise (uniform +/- init_noise, clamped to the joint limits), zero
+    velocities, servo targets at the default pose; clear the action, gait and feet state."""
+    r = env.robot
+    ctrl = np.zeros(env.sim.prototype.nu)
+    ctrl[r.act_ids] = r.default
+    qvel = np.zeros(env.sim.prototype.nv)
+    w = env.opts.init_noise
+    for i in env_ids:
+        qpos = r.key_qpos.copy()
+        if w > 0:
+            noise = env.rngs[i].uniform(-w, w, size=r.qpos_adr.size)
+            qpos[r.qpos_adr] = np.clip(qpos[r.qpos_adr] + noise, r.lower, r.upper)
+        env.sim.reset_env(i, r.key_id, qpos, qvel, ctrl)
+    env.step_count[env_ids] = 0
+    env.action[env_ids] = 0.0
+    env.prev_action[env_ids] = 0.0
+    env.gait_phase[env_ids] = 0.0
+    env.air_time[env_ids] = 0.0
+    env.air_time_at_touchdown[env_ids] = 0.0
+    env.touchdown[env_ids] = False
+
+
+def reset_push_timer(env, env_ids):
+    """Control steps until the first push (only drawn when pushes are on)."""
+    if env.opts.push_vel > 0:
+        for i in env_ids:
+            env.push_countdown[i] = env.draw_push_interval(env.rngs[i])
+
+
+def interval_push(env, env_ids=None):
+    """Every push_interval_s (drawn per push) add uniform(+/- push_vel) to the trunk's vx, vy."""
+    env.kick_mask[:] = False
+    if env.opts.push_vel <= 0:
+        return
+    env.push_countdown[env.stepping] -= 1
+    for i in np.flatnonzero(env.stepping & (env.push_countdown <= 0)):
+        rng = env.rngs[i]
+        env.kick[i] = rng.uniform(-env.opts.push_vel, env.opts.push_vel, size=2)
+        env.kick_mask[i] = True
+        env.push_countdown[i] = env.draw_push_interval(rng)
+
+
+EVENTS = (
+    EventTerm("physics", reset_physics, mode="reset"),
+    EventTerm("initial_state", reset_state, mode="reset"),
+    EventTerm("push_timer", reset_push_timer, mode="reset"),
+    EventTerm("push", interval_push, mode="step"),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# The task table and its options
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JoystickTask:
+    """Everything that differs between joystick tasks, as data."""
+
+    name: str
+    config_cls: type  # the options (a dataclass of raylab.envs.tasks)
+    model: Callable[[], mujoco.MjModel]  # the compiled prototype (cached; never modified)
+    actuators: Tuple[str, ...]
+    feet: Tuple[str, ...]
+    key: str  # keyframe: initial state, and its ctrl is the default pose
+    nsubsteps: int  # physics steps per control step (x timestep = CONTROL_DT)
+    observations: Tuple[ObsTerm, ...]  # a term named "foot_phase" is dropped when gait is off
+    foot_phase_offsets: Tuple[float, ...]  # gait clock offset of each foot (trot: 0, .5, .5, 0)
+    foot_radius: float  # foot site z minus this = height of the foot's lowest point
+    contact_force: float  # touch force (N) above which a foot is in contact
+    fall_up_z: float  # fallen when the trunk's up axis z <= this
+    domain: DomainRanges = DomainRanges()
+
+
+def parse_options(config_cls: type, options: Dict[str, Any]):
+    """The task's config dataclass filled from ``options`` (defaults for the rest), checked.
+
+    Unknown names: ``TypeError`` listing the valid ones. Bad values: one-line ``ValueError``
+    naming the value and the valid choices or range.
+    """
+    names = [f.name for f in fields(config_cls) if f.name not in PLUMBING_FIELDS]
+    unknown = sorted(set(options) - set(names))
+    if unknown:
+        raise TypeError(
+            f"unknown option(s) {', '.join(unknown)}; valid options: {', '.join(sorted(names))}"
+        )
+    opts = config_cls(gym_id="", **options)
+    for f in fields(config_cls):
+        choices = f.metadata.get("choices") or ()
+        if choices:
+            check_choice(f.name, getattr(opts, f.name), choices)
+    _check_values(opts)
+    return opts
+
+
+def _check_values(o) -> None:
+    def bad(msg):
+        raise ValueError(msg)
+
+    if int(o.episode_steps) < 1:
+        bad(f"episode_steps={o.episode_steps} is invalid; it must be >= 1")
+    for name in ("lin_vel_x", "lin_vel_y", "ang_vel_yaw", "command_resample_s", "push_interval_s"):
+        r = list(getattr(o, name))
+        if len(r) != 2 or not all(math.isfinite(float(v)) for v in r) or r[0] > r[1]:
+            bad(f"{name}={r} is invalid; it must be [low, high] with low <= high")
+    for name in ("command_resample_s", "push_interval_s"):
+        if float(getattr(o, name)[0]) < CONTROL_DT:
+            bad(f"{name}={list(getattr(o, name))} is invalid; both ends must be >= {CONTROL_DT} s")
+    if not 0.0 <= float(o.command_zero_prob) <= 1.0:
+        bad(f"command_zero_prob={o.command_zero_prob} is invalid; valid range: 0..1")
+    for name in ("action_scale", "init_noise", "push_vel", "gait_freq_hz"):
+        v = float(getattr(o, name))
+        if not math.isfinite(v) or v < 0:
+            bad(f"{name}={v} is invalid; it must be finite and >= 0")
+    for name in ("swing_height", "tracking_sigma_lin", "tracking_sigma_ang"):
+        v = float(getattr(o, name))
+        if not math.isfinite(v) or v <= 0:
+            bad(f"{name}={v} is invalid; it must be finite and > 0")
+    if not 0 <= o.air_time_min_s <= o.air_time_max_s:
+        bad(f"air_time_min_s={o.air_time_min_s}, air_time_max_s={o.air_time_max_s} are invalid; "
+            "need 0 <= air_time_min_s <= air_time_max_s")  # fmt: skip
+    for name in reward_weight_fields(type(o)):
+        if not math.isfinite(float(getattr(o, name))):
+            bad(f"{name}={getattr(o, name)} is invalid; a reward weight must be finite")
+    if o.gait_freq_hz == 0 and o.rew_feet_swing_height != 0:
+        bad("rew_feet_swing_height needs the gait clock; set gait_freq_hz > 0 or the weight to 0")
+
+
+def reward_weight_fields(config_cls: type) -> List[str]:
+    return [f.name for f in fields(config_cls) if f.name.startswith(REWARD_PREFIX)]
+
+
+def reward_table(opts) -> Tuple[RewardTerm, ...]:
+    """The configured reward terms: every term of REWARD_TERMS with a non-zero weight."""
+    return tuple(
+        RewardTerm(name, fn, float(getattr(opts, REWARD_PREFIX + name)))
+        for name, fn in REWARD_TERMS.items()
+        if float(getattr(opts, REWARD_PREFIX + name)) != 0.0
+    )
+
+
+def observation_table(task: JoystickTask, opts) -> Tuple[ObsTerm, ...]:
+    if opts.gait_freq_hz > 0:
+        return task.observations
+    return tuple(t for t in task.observations if t.name != "foot_phase")
+
+
+def _steps(seconds: float) -> int:
+    return max(1, int(round(float(seconds) / CONTROL_DT)))
+
+
+# ---------------------------------------------------------------------------------------------
+# The vector env
+# ---------------------------------------------------------------------------------------------
+
+
+class JoystickVecEnv(VectorEnv):
+    """N robots tracking velocity commands, on T physics threads; a ``gymnasium.vector.VectorEnv``.
+
+    Subclasses set :attr:`task`. Options: the fields of the task's config dataclass, plus
+    ``num_threads``, ``allow_overcommit``, ``autoreset_mode`` ("next_step" | "same_step") and
+    ``info_mode``:
+
+    - ``"none"`` (default): ``infos`` is ``{}`` (same_step: only ``final_obs`` / ``_final_obs``
+      when an episode ended); safe under RLlib's DictInfoToList.
+    - ``"full"``: per-env arrays ``trunk_height``, ``upright_cos``, ``fallen``, ``pushed``,
+      ``step``, ``command`` (the command tracked on this step), ``lin_vel``, ``yaw_rate``, a
+      ``reward_terms`` dict (weight x raw) and ``infos["log"]`` with this step's
+      ``reward/<term>`` means and ``Episode_Termination/<term>`` counts.
+
+    Seeding: ``reset(seed=s)`` seeds env i with ``s + i``; every draw of env i (domain, initial
+    noise, commands, pushes) comes from its own generator, so nothing depends on N or T.
+    """
+
+    task: JoystickTask
+    metadata = {"render_modes": [], "autoreset_mode": AutoresetMode.NEXT_STEP}
+
+    def __init__(self, num_envs: int = 16, num_threads: int = 1, allow_overcommit: bool = False,
+                 autoreset_mode: str = "next_step", info_mode: str = "none", **options):  # fmt: skip
+        self.opts = parse_options(self.task.config_cls, options)
+        self.autoreset = check_choice("autoreset_mode", autoreset_mode, AUTORESET_MODES)
+        self.info_mode = check_choice("info_mode", info_mode, INFO_MODES)
+        self.metadata = dict(self.metadata)
+        self.metadata["autoreset_mode"] = (
+            AutoresetMode.NEXT_STEP if self.autoreset == "next_step" else AutoresetMode.SAME_STEP
+        )
+        n = int(num_envs)
+        proto = self.task.model()
+        self.robot = LeggedRobot.of(proto, self.task.actuators, self.task.feet, self.task.key)
+        self.sim = BatchedMujoco(
+            proto, n, num_threads, nsubsteps=self.task.nsubsteps,
+            allow_overcommit=allow_overcommit,
+            kick_dofs=slice(self.robot.root_dof, self.robot.root_dof + 2),
+        )  # fmt: skip
+        self.num_envs = n
+        self.num_threads = self.sim.num_threads
+        self.nominal = nominal_physics(proto)
+        nj, nf = len(self.task.actuators), len(self.task.feet)
+        self.num_actions = nj
+
+        # Env state: plain arrays, one row per env.
+        self.default = self.robot.default
+        self.step_count = np.zeros(n, dtype=np.int64)
+        self.action = np.zeros((n, nj))
+        self.prev_action = np.zeros((n, nj))
+        self.ctrl = np.zeros((n, proto.nu))
+        self.gait_phase = np.zeros(n)
+        self.phase_offsets = np.asarray(self.task.foot_phase_offsets, dtype=np.float64)
+        self.contact = np.zeros((n, nf), dtype=bool)
+        self.touchdown = np.zeros((n, nf), dtype=bool)
+        self.air_time = np.zeros((n, nf))
+        self.air_time_at_touchdown = np.zeros((n, nf))
+        self.command = np.zeros((n, 3))  # the command tracked on the current step
+        self.moving = np.zeros(n, dtype=bool)
+        self.push_countdown = np.zeros(n, dtype=np.int64)
+        self.stepping = np.zeros(n, dtype=bool)
+        self.kick_mask = np.zeros(n, dtype=bool)
+        self.kick = np.zeros((n, 2))
+        self.domain: List[Optional[Dict[str, Any]]] = [None] * n
+        self.rngs: List[np.random.Generator] = [np.random.default_rng() for _ in range(n)]
+
+        o = self.opts
+        velocity = CommandTerm(
+            "velocity",
+            (tuple(o.lin_vel_x), tuple(o.lin_vel_y), tuple(o.ang_vel_yaw)),
+            resample_steps=(_steps(o.command_resample_s[0]), _steps(o.command_resample_s[1])),
+            zero_prob=float(o.command_zero_prob),
+        )
+        self.observations = ObservationManager(observation_table(self.task, o), n)
+        self.rewards = RewardManager(reward_table(o), n)
+        self.terminations = TerminationManager(TERMINATIONS, n)
+        self.commands = CommandManager((velocity,), n)
+        self.events = EventManager(EVENTS)
+
+        self.single_observation_space = gym.spaces.Box(
+            -np.inf, np.inf, (self.observations.dim,), np.float32
+        )
+        self.single_action_space = gym.spaces.Box(-1.0, 1.0, (nj,), np.float32)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, n)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, n)
+
+        self._needs_reset = np.zeros(n, dtype=bool)
+        self._has_reset = False
+        self._track = np.zeros(3)  # sums of |lin error|, |yaw error| and the env-step count
+        self.action_clip_count = 0
+
+    def draw_push_interval(self, rng: np.random.Generator) -> int:
+        lo, hi = self.opts.push_interval_s
+        return int(rng.integers(_steps(lo), _steps(hi) + 1))
+
+    # -- sensors -----------------------------------------------------------------------------
+
+    def _read_sensors(self) -> None:
+        sd, s = self.sim.sensordata, self.robot.sensors
+        n, nf = self.num_envs, len(self.task.feet)
+        self.joint_pos = sd[:, s["joint_pos"]]
+        self.joint_vel = sd[:, s["joint_vel"]]
+        self.joint_force = sd[:, s["joint_force"]]
+        self.gyro = sd[:, s["gyro"]]
+        self.lin_vel = sd[:, s["local_linvel"]]
+        self.trunk_height = sd[:, s["trunk_pos"].start + 2]
+        self.gravity = gravity_from_quat(sd[:, s["orientation"]])
+        self.upright_cos = -self.gravity[:, 2]
+        self.fallen = self.upright_cos <= self.task.fall_up_z
+        self.foot_height = sd[:, s["foot_pos"]].reshape(n, nf, 3)[:, :, 2] - self.task.foot_radius
+        self.foot_vel = sd[:, s["foot_vel"]].reshape(n, nf, 3)
+        self.foot_force = sd[:, s["foot_touch"]]
+        self.foot_phase = (self.gait_phase[:, None] + self.phase_offsets) % 1.0
+
+    def _update_feet(self, ids: np.ndarray) -> None:
+        """Contacts, touchdowns and air times of the envs ``ids`` after their physics step."""
+        contact = self.foot_force[ids] > self.task.contact_force
+        air = self.air_time[ids] + CONTROL_DT
+        touchdown = contact & ~self.contact[ids]
+        self.touchdown[ids] = touchdown
+        self.air_time_at_touchdown[ids] = np.where(touchdown, air, 0.0)
+        self.air_time[ids] = np.where(contact, 0.0, air)
+        self.contact[ids] = contact
+
+    def _set_command(self) -> None:
+        self.command[:] = self.commands.get("velocity")
+        self.moving[:] = np.sqrt(_sum_sq(self.command)) > MOVING_COMMAND
+
+    # -- reset -------------------------------------------------------------------------------
+
+    def reset(self, *, seed=None, options: Optional[dict] = None):
+        """Reset every env; ``seed=s`` seeds env i with ``s + i`` (a list: one seed per env)."""
+        n = self.num_envs
+        if seed is not None:
+            seeds = list(seed) if isinstance(seed, (list, tuple, np.ndarray)) else [
+                int(seed) + i for i in range(n)
+            ]
+            if len(seeds) != n:
+                raise ValueError(f"reset got {len(seeds)} seeds for {n} envs")
+            self.rngs = [np.random.default_rng(s) for s in seeds]
+        self._reset_envs(np.arange(n))
+        self._has_reset = True
+        self._needs_reset[:] = False
+        self.stepping[:] = False
+        obs = self.observations.compute(self).copy()
+        info: Dict[str, Any] = {}
+        if self.info_mode == "full":
+            info = self._state_info()
+        return obs, info
+
+    def _reset_envs(self, env_ids: np.ndarray) -> None:
+        """Events (physics, initial state, push timer), then the first command, per env."""
+        self.events.apply("reset", self, env_ids)
+        self.commands.reset(env_ids, self.rngs)
+        self._read_sensors()
+        self.contact[env_ids] = self.foot_force[env_ids] > self.task.contact_force
+        self._set_command()
+
+    # -- step --------------------------------------------------------------------------------
+
+    def step(self, actions):
+        if not self._has_reset:
+            raise RuntimeError("call reset() before step()")
+        actions = self._check_actions(actions)
+
+        # NEXT_STEP autoreset: envs whose episode ended on the previous call reset now and
+        # ignore this call's action (reward 0, not done).
+        resetting = self._needs_reset.copy()
+        if resetting.any():
+            self._reset_envs(np.flatnonzero(resetting))
+        self.stepping[:] = ~resetting
+        active = self.stepping
+        ids = np.flatnonzero(active)
+
+        self.prev_action[ids] = self.action[ids]
+        self.action[ids] = actions[ids]
+        target = np.clip(self.default + self.opts.action_scale * self.action,
+                         self.robot.lower, self.robot.upper)  # fmt: skip
+        self.ctrl[:, self.robot.act_ids] = target
+
+        self.events.apply("step", self)  # pushes -> kick_mask, kick
+        self.sim.step(self.ctrl, active, self.kick_mask, self.kick)
+        self.step_count[ids] += 1
+        self.gait_phase[ids] = (self.gait_phase[ids] + self.opts.gait_freq_hz * CONTROL_DT) % 1.0
+
+        self._read_sensors()
+        self._update_feet(ids)
+        reward = CONTROL_DT * self.rewards.compute(self, active)
+        if self.opts.positive_reward:
+            reward = np.maximum(reward, 0.0)
+        terminated, truncated = self.terminations.compute(self, active)
+        terminated, truncated = terminated.copy(), truncated.copy()
+        self._track_errors(ids)
+
+        info: Dict[str, Any] = {}
+        if self.info_mode == "full":
+            info = self._state_info()
+            info["pushed"] = self.kick_mask.copy()
+            info["reward_terms"] = {
+                name: self.rewards.weighted[k].copy() for k, name in enumerate(self.rewards.names)
+            }
+            info["log"] = {**self.rewards.step_log(active), **self.terminations.step_log()}
+
+        # The next command (resampled when due) is what the observation shows.
+        self.commands.step(active, self.rngs)
+        self._set_command()
+        obs = self.observations.compute(self).copy()
+
+        done = terminated | truncated
+        if self.autoreset == "next_step":
+            self._needs_reset = done
+        elif done.any():
+            # SAME_STEP: keep the final observation, reset now, return the new first one.
+            done_ids = np.flatnonzero(done)
+            final_obs = np.zeros_like(obs)
+            final_obs[done_ids] = obs[done_ids]
+            if self.info_mode == "full":
+                info["final_info"] = {k: v for k, v in info.items() if k != "log"}
+                info["_final_info"] = done.copy()
+            info["final_obs"] = final_obs
+            info["_final_obs"] = done.copy()
+            self._reset_envs(done_ids)
+            obs[done_ids] = self.observations.compute(self)[done_ids]
+        return obs, reward, terminated, truncated, info
+
+    def _check_actions(self, actions) -> np.ndarray:
+        a = np.asarray(actions, dtype=np.float64)
+        if a.shape != (self.num_envs, self.num_actions):
+            raise ValueError(
+                f"actions must have shape ({self.num_envs}, {self.num_actions}), got {a.shape}"
+            )
+        bad = ~np.isfinite(a).all(axis=1)
+        if bad.any():
+            raise ValueError(
+                f"actions contain NaN or Inf in env(s) {np.flatnonzero(bad).tolist()}; "
+                f"actions must be finite (values outside [-1, 1] are clipped)"
+            )
+        clipped = np.clip(a, -1.0, 1.0)
+        self.action_clip_count += int(np.count_nonzero(clipped != a))
+        return clipped
+
+    def _state_info(self) -> Dict[str, np.ndarray]:
+        return {
+            "trunk_height": self.trunk_height.copy(),
+            "upright_cos": self.upright_cos.copy(),
+            "fallen": self.fallen.copy(),
+            "step": self.step_count.copy(),
+            "command": self.command.copy(),
+            "lin_vel": self.lin_vel.copy(),
+            "yaw_rate": self.gyro[:, 2].copy(),
+        }
+
+    # -- logging -----------------------------------------------------------------------------
+
+    def _track_errors(self, ids: np.ndarray) -> None:
+        e_lin = self.command[ids, :2] - self.lin_vel[ids, :2]
+        e_yaw = self.command[ids, 2] - self.gyro[ids, 2]
+        self._track += (np.sum(np.sqrt(_sum_sq(e_lin))), np.sum(np.abs(e_yaw)), ids.size)
+
+    def pop_tracking_stats(self) -> Dict[str, float]:
+        """Mean |cmd_xy - v_xy| (m/s) and |cmd_yaw - yaw rate| (rad/s) over the env-steps since
+        the last call, and their number; then clear them."""
+        lin, yaw, steps = self._track
+        self._track = np.zeros(3)
+        out = {"steps": int(steps)}
+        if steps:
+            out.update(lin_vel_error=float(lin / steps), yaw_rate_error=float(yaw / steps))
+        return out
+
+    def pop_log(self) -> Dict[str, float]:
+        """``reward/<term>`` means (over envs and env-steps since the last pop, of raw x weight,
+        before the dt scaling) and ``Episode_Termination/<term>`` counts; then clear them."""
+        return {**self.rewards.pop_log(), **self.terminations.pop_log()}
+
+    def close_extras(self, **kwargs):
+        if hasattr(self, "sim"):  # construction may have failed before the backend existed
+            self.sim.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# One robot behind gymnasium.Env (gymnasium.make, raylab eval)
+# ---------------------------------------------------------------------------------------------
+
+
+class JoystickEnv(gym.Env):
+    """The vector env with one robot, as a ``gymnasium.Env``; subclasses set :attr:`vec_cls`.
+
+    Same task code, so ``reset(seed=s)`` equals env 0 of the vector env reset with seed ``s``.
+    ``info``: ``trunk_height``, ``upright_cos``, ``fallen``, ``step``, ``command``, ``lin_vel``,
+    ``yaw_rate``, ``pushed`` and ``reward_terms`` (weight x raw, before the dt scaling). After an
+    episode ends, ``step`` raises until ``reset``. The vector-only options are accepted and
+    ignored, so one env_config serves both.
+    """
+
+    vec_cls: type = JoystickVecEnv
+    metadata = {"render_modes": [], "render_fps": int(round(1.0 / CONTROL_DT))}
+
+    def __init__(self, render_mode: Optional[str] = None, **options):
+        if render_mode is not None:
+            raise ValueError(f"render_mode={render_mode!r} is not supported; valid choices: None")
+        opts = {k: v for k, v in options.items() if k not in VECTOR_ONLY_OPTIONS}
+        self.vec = self.vec_cls(num_envs=1, info_mode="full", **opts)
+        self.opts = self.vec.opts
+        self.observation_space = self.vec.single_observation_space
+        self.action_space = self.vec.single_action_space
+        self._done = True
+
+    @property
+    def model(self) -> mujoco.MjModel:
+        return self.vec.sim.models[0]
+
+    @property
+    def data(self) -> mujoco.MjData:
+        return self.vec.sim.datas[0]
+
+    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
+        super().reset(seed=seed)
+        obs, info = self.vec.reset(seed=seed)
+        self._done = False
+        return obs[0], self._one(info)
+
+    def step(self, action):
+        if self._done:
+            raise RuntimeError("the episode has ended (or was never started); call reset()")
+        a = np.asarray(action, dtype=np.float64)
+        if a.shape != (self.vec.num_actions,):
+            raise ValueError(f"action must have shape ({self.vec.num_actions},), got {a.shape}")
+        obs, reward, terminated, truncated, info = self.vec.step(a[None])
+        self._done = bool(terminated[0] or truncated[0])
+        return obs[0], float(reward[0]), bool(terminated[0]), bool(truncated[0]), self._one(info)
+
+    @staticmethod
+    def _one(info: Dict[str, Any]) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        for k, v in info.items():
+            if k == "log":
+                continue
+            if k == "reward_terms":
+                out[k] = {name: float(x[0]) for name, x in v.items()}
+            elif isinstance(v, np.ndarray) and v.ndim == 1:
+                out[k] = v[0].item()
+            elif isinstance(v, np.ndarray):
+                out[k] = v[0].copy()
+        return out
+
+    def close(self):
+        self.vec.close()

@@ -220,7 +220,16 @@ class RaylabTuneCallback(tune.Callback):
 
     # --- Tune hooks ------------------------------------------------------------------------
     def on_trial_start(self, iteration, trials, trial, **info):
-        self._run(trial)
+        run = self._run(trial)
+        # Tune restores a (re)started trial from its newest recorded checkpoint right after this
+        # hook: say which one, and keep the history in the summary.
+        checkpoint = trial.checkpoint
+        if checkpoint is not None:
+            path = str(checkpoint.path)
+            print(f"raylab: restoring trial {trial.trial_id} from checkpoint {path}",
+                  file=sys.stderr, flush=True)
+            history = run["dir"].read_summary().get("restored_from", [])
+            run["dir"].update_summary(restored_from=[*history, path])
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         run = self._run(trial)

@@ -216,12 +216,12 @@ def test_driver_kill_then_resume_continues_from_the_last_checkpoint(driver_kille
     assert checkpoints and at_kill.get("status") == "running"
     last = checkpoints[-1]
     assert at_kill["last_checkpoint"] == str(last)
-    # Tune restored the newest checkpoint on disk when the driver died.
-    restored = re.findall(r"Restored on \S+ from checkpoint: Checkpoint\(.*?path=([^)]+)\)",
-                          r.stdout + r.stderr)
+    # Tune restored the newest checkpoint on disk when the driver died, and raylab said so.
+    restored = re.findall(r"raylab: restoring trial \S+ from checkpoint (\S+)", r.stderr)
     assert restored == [str(last)], (restored, r.stderr[-3000:])
 
     summary = read_summary(f["run_dir"])
+    assert summary["restored_from"] == [str(last)]
     assert summary["status"] == "completed"
     assert summary["time_total_s"] >= 25  # the budget counts the time before the kill too
     ckpt_iteration, ckpt_steps = f["counters"]

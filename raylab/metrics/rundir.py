@@ -64,6 +64,7 @@ SUMMARY_OPTIONAL = {
     "training_iteration": (int,),
     "time_total_s": (int, float),
     "last_checkpoint": (str, type(None)),
+    "restored_from": (list,),
     "error": (str, type(None)),
     "backend_diagnostics": (dict, type(None)),
     "experimental": (dict,),

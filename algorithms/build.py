@@ -163,11 +163,10 @@ def _appo(cfg: DictConfig):
     return config.env_runners(rollout_fragment_length=a.rollout_fragment_length)
 
 
-def _sac(cfg: DictConfig):
-    from raylab.algorithms.sac import RaylabSACConfig, RaylabSACEnvRunner
-
-    a = cfg.algo
-    config = RaylabSACConfig().training(
+def sac_training_kwargs(a) -> dict:
+    """``SACConfig.training`` arguments from ``algo.*``: raylab's SAC and the stock RLlib SAC that
+    benchmarks compare it with take the same ones."""
+    return dict(
         gamma=a.gamma,
         actor_lr=a.actor_lr,
         critic_lr=a.critic_lr,
@@ -180,6 +179,13 @@ def _sac(cfg: DictConfig):
         train_batch_size_per_learner=a.batch_size,
         num_steps_sampled_before_learning_starts=a.learning_starts,
     )
+
+
+def _sac(cfg: DictConfig):
+    from raylab.algorithms.sac import RaylabSACConfig, RaylabSACEnvRunner
+
+    a = cfg.algo
+    config = RaylabSACConfig().training(**sac_training_kwargs(a))
     config.updates_per_step = a.updates_per_step
     config.weight_sync_every = a.weight_sync_every
     config.env_steps_per_sync = a.env_steps_per_sync

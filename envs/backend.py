@@ -9,8 +9,15 @@
 - ``mujoco.mj_step`` and ``mujoco.mj_forward`` release the GIL, so the threads overlap the
   physics; the little Python between calls (writing ctrl, copying sensordata out) is short.
 - Per control step and env: write ctrl, optionally add a velocity kick, ``mj_step(m, d, n)``,
-  ``mj_forward(m, d)`` (so every sensor is evaluated on the post-step state), copy
-  ``d.sensordata`` into row i of a preallocated (N, nsensordata) array.
+  evaluate every sensor on the post-step state, copy ``d.sensordata`` into row i of a
+  preallocated (N, nsensordata) array.
+- The post-step evaluation is ``mj_forward(m, d)`` unless every sensor of the model reads only
+  positions, velocities and actuator forces (:data:`SENSOR_PASS_TYPES`). Then it is the
+  :func:`sensor_pass`: the forward stages those sensors read, without collision detection and
+  the constraint solver, in about a third of ``mj_forward``'s time. It writes bit-identical
+  sensordata (the equality contract runs it against the reference env's ``mj_forward``), and
+  ``mj_forward`` after ``mj_step`` does not change the trajectory either way: the next
+  ``mj_step`` recomputes every stage and neither touches the solver's warm start.
 
 ``mujoco.rollout`` is deliberately not used: it does not carry the solver warm start across
 calls, so it differs from a persistent-MjData loop in the last bits.
@@ -28,6 +35,35 @@ import mujoco
 import numpy as np
 
 MAX_THREADS = 8
+
+# Sensor types whose values depend only on the stages :func:`sensor_pass` runs.
+_T = mujoco.mjtSensor
+SENSOR_PASS_TYPES = frozenset(int(t) for t in (
+    _T.mjSENS_JOINTPOS, _T.mjSENS_JOINTVEL, _T.mjSENS_ACTUATORPOS, _T.mjSENS_ACTUATORVEL,
+    _T.mjSENS_ACTUATORFRC, _T.mjSENS_FRAMEPOS, _T.mjSENS_FRAMEQUAT, _T.mjSENS_FRAMEXAXIS,
+    _T.mjSENS_FRAMEYAXIS, _T.mjSENS_FRAMEZAXIS, _T.mjSENS_FRAMELINVEL, _T.mjSENS_FRAMEANGVEL,
+    _T.mjSENS_GYRO, _T.mjSENS_VELOCIMETER,
+))
+
+
+def sensor_pass_applies(model: mujoco.MjModel) -> bool:
+    """Whether :func:`sensor_pass` evaluates every sensor of ``model`` exactly."""
+    return model.nsensor > 0 and all(int(t) in SENSOR_PASS_TYPES for t in model.sensor_type)
+
+
+def sensor_pass(m: mujoco.MjModel, d: mujoco.MjData) -> None:
+    """The forward stages that position, velocity and actuator-force sensors read: kinematics,
+    centre-of-mass frames, tendons, transmissions, velocities, actuator forces, then the three
+    sensor stages. No collision detection, no constraint solve."""
+    mujoco.mj_kinematics(m, d)
+    mujoco.mj_comPos(m, d)
+    mujoco.mj_tendon(m, d)
+    mujoco.mj_transmission(m, d)
+    mujoco.mj_sensorPos(m, d)
+    mujoco.mj_fwdVelocity(m, d)
+    mujoco.mj_sensorVel(m, d)
+    mujoco.mj_fwdActuation(m, d)
+    mujoco.mj_sensorAcc(m, d)
 
 
 def thread_limit() -> int:
@@ -141,6 +177,8 @@ class BatchedMujoco:
         self._ctrl = [d.ctrl for d in self.datas]
         self._qvel = [d.qvel for d in self.datas]
         self._sensordata = [d.sensordata for d in self.datas]
+        # How step() evaluates the sensors after the physics (see the module docstring).
+        self.post_step = sensor_pass if sensor_pass_applies(prototype) else mujoco.mj_forward
         self.sensordata = np.zeros((self.num_envs, prototype.nsensordata))
         self.kick_dofs = kick_dofs if kick_dofs is not None else slice(0, 0)
         # Thread k owns envs k, k + T, k + 2T, ...; threads beyond N would have nothing to do.
@@ -179,7 +217,7 @@ class BatchedMujoco:
         kick: Optional[np.ndarray] = None,
     ) -> None:
         """One control step of every active env: ctrl, optional qvel kick on ``kick_dofs``,
-        ``nsubsteps`` x ``mj_step``, ``mj_forward``, sensordata into :attr:`sensordata`."""
+        ``nsubsteps`` x ``mj_step``, :attr:`post_step`, sensordata into :attr:`sensordata`."""
         self._in_ctrl = ctrl
         self._in_active = active
         if kick_mask is None:
@@ -196,6 +234,7 @@ class BatchedMujoco:
         )
         kd = self.kick_dofs
         out = self.sensordata
+        post_step = self.post_step
         for i in self._owned[k]:
             if not active[i]:
                 continue
@@ -203,7 +242,7 @@ class BatchedMujoco:
             if kick_mask[i]:
                 self._qvel[i][kd] += kick[i]
             mujoco.mj_step(models[i], datas[i], nsub)
-            mujoco.mj_forward(models[i], datas[i])
+            post_step(models[i], datas[i])
             out[i] = self._sensordata[i]
 
     def bare_step(self, ctrl: Optional[np.ndarray] = None) -> None:

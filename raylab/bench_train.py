@@ -176,7 +176,7 @@ def stock_sac_training_intensity(cfg) -> float:
 def stock_sac_config(cfg):
     from ray.rllib.algorithms.sac import SACConfig
 
-    from raylab.algorithms.build import env_id_for_runner, env_options
+    from raylab.algorithms.build import env_id_for_runner, env_options, sac_training_kwargs
     from raylab.envs.tasks import TASKS
 
     a, r = cfg.algo, cfg.resources
@@ -193,17 +193,7 @@ def stock_sac_config(cfg):
         .learners(num_learners=r.num_learners, num_gpus_per_learner=0,
                   num_cpus_per_learner=r.num_cpus_per_learner)  # fmt: skip
         .training(
-            gamma=a.gamma,
-            actor_lr=a.actor_lr,
-            critic_lr=a.critic_lr,
-            alpha_lr=a.alpha_lr,
-            tau=a.tau,
-            initial_alpha=a.initial_alpha,
-            target_entropy="auto" if a.target_entropy is None else a.target_entropy,
-            n_step=1,
-            grad_clip=a.grad_clip,
-            train_batch_size_per_learner=a.batch_size,
-            num_steps_sampled_before_learning_starts=a.learning_starts,
+            **sac_training_kwargs(a),
             training_intensity=stock_sac_training_intensity(cfg),
             replay_buffer_config={"capacity": a.buffer_capacity},
         )

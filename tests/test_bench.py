@@ -358,3 +358,15 @@ def test_train_smoke(tmp_path, algo):
     if algo == "sac":
         assert "sac_over_stock_env_steps" in ratios and "sac_over_torch_limit_updates" in ratios
     assert run_cli("bench", "plot", str(out)).returncode == 0
+
+
+def test_stock_sac_has_the_hyperparameters_of_raylab_sac():
+    from raylab.algorithms.build import build_algorithm_config
+    from raylab.bench_train import compose_cfg, stock_sac_config
+
+    cfg = compose_cfg("sac", "Pendulum-v1", ["algo.actor_lr=7e-4", "algo.tau=0.01", "algo.batch_size=128"])
+    ours, stock = build_algorithm_config(cfg), stock_sac_config(cfg)
+    for name in ("gamma", "actor_lr", "critic_lr", "alpha_lr", "tau", "initial_alpha", "n_step",
+                 "grad_clip", "train_batch_size_per_learner", "num_steps_sampled_before_learning_starts"):
+        assert getattr(ours, name) == getattr(stock, name), name
+    assert (stock.actor_lr, stock.tau, stock.train_batch_size_per_learner) == (7e-4, 0.01, 128)

@@ -447,3 +447,69 @@ def test_bench_functions_run_and_hold_pose_beats_random():
     assert hold["return_mean_over_seeds"] > 0.95 * 2 * 30  # standing still scores ~2 per step
     assert hold["survival"] == 1.0 and hold["upright_at_end"] == 1.0
     assert rand["return_mean_over_seeds"] < hold["return_mean_over_seeds"]
+
+
+# ------------------------------------------------------------------ post-step sensor pass
+
+@pytest.mark.parametrize("variant", ["default", "backlash", "toes"])
+def test_balance_models_use_the_sensor_pass_and_it_equals_mj_forward(variant):
+    """The batched env evaluates Microduck's sensors with the partial forward pass; on post-step
+    states under random controls and kicks, it writes the same bits as a full mj_forward."""
+    from raylab.envs.backend import sensor_pass, sensor_pass_applies
+
+    m = prototype(variant)
+    assert sensor_pass_applies(m)
+    env = MicroduckBalanceVecEnv(num_envs=2, num_threads=1, variant=variant)
+    try:
+        assert env.sim.post_step is sensor_pass
+    finally:
+        env.close()
+    d, full = mujoco.MjData(m), mujoco.MjData(m)
+    mujoco.mj_resetDataKeyframe(m, d, 0)
+    rng = np.random.default_rng(7)
+    for t in range(200):
+        d.ctrl[:] = m.key_ctrl[0] + rng.uniform(-0.6, 0.6, m.nu)
+        if t % 50 == 10:
+            d.qvel[:6] += rng.normal(0, 0.5, 6)  # a push
+        mujoco.mj_step(m, d, 10)
+        mujoco.mj_copyData(full, m, d)
+        sensor_pass(m, d)
+        mujoco.mj_forward(m, full)
+        assert np.array_equal(d.sensordata, full.sensordata), t
+        # ... and the trajectory does not depend on which evaluation ran.
+        assert np.array_equal(d.qacc_warmstart, full.qacc_warmstart)
+
+
+def test_models_with_contact_sensors_keep_the_full_forward_pass():
+    import raylab.envs.go2 as go2
+    import raylab.envs.microduck_joystick as mj
+    from raylab.envs.backend import BatchedMujoco, sensor_pass_applies
+
+    for proto in (go2.prototype(), mj.prototype()):
+        assert any(t == mujoco.mjtSensor.mjSENS_TOUCH for t in proto.sensor_type)
+        assert not sensor_pass_applies(proto)
+        sim = BatchedMujoco(proto, num_envs=1)
+        try:
+            assert sim.post_step is mujoco.mj_forward
+        finally:
+            sim.close()
+
+
+def test_the_sensor_pass_misses_what_only_mj_forward_computes():
+    """A touch sensor reads the constraint forces: the sensor pass would leave it stale, which is
+    why models with one are not given it (this test fails if that ever stops being true)."""
+    import raylab.envs.go2 as go2
+    from raylab.envs.backend import sensor_pass
+
+    m = go2.prototype()
+    d, full = mujoco.MjData(m), mujoco.MjData(m)
+    mujoco.mj_resetDataKeyframe(m, d, 0)
+    mujoco.mj_step(m, d, 200)  # standing: the feet press on the floor
+    d.qvel[:3] += 0.5
+    mujoco.mj_step(m, d, 10)
+    mujoco.mj_copyData(full, m, d)
+    sensor_pass(m, d)
+    mujoco.mj_forward(m, full)
+    touch = [j for j in range(m.nsensor) if m.sensor_type[j] == mujoco.mjtSensor.mjSENS_TOUCH]
+    adr = [m.sensor_adr[j] for j in touch]
+    assert not np.array_equal(d.sensordata[adr], full.sensordata[adr])

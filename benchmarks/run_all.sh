@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Reproduce every committed benchmark result (benchmarks/results/*.json) and its plot
-# (benchmarks/plots/*.png). About 25 minutes on a 2-core machine; longer where the machine has
+# (benchmarks/plots/*.png). About 30 minutes on a 2-core machine; longer where the machine has
 # more cores (the thread sweep and the worker comparison then add rows for 4 and 8).
 #
 #   benchmarks/run_all.sh            # everything
 #   benchmarks/run_all.sh env        # only the env benchmarks (sweeps, sustained, compare)
 #   benchmarks/run_all.sh train      # only the training benchmarks
+#   benchmarks/run_all.sh learn      # SAC sample efficiency against stock RLlib SAC (not in all)
 #
 # Run it on a quiet machine: every result records the load average before and after and the
 # busy processes it saw, and a number taken under load says so in its own file (verdict,
@@ -66,9 +67,22 @@ if [ "$what" = all ] || [ "$what" = train ]; then
     $RAYLAB bench train --algo sac --seconds 45 --warmup 15 --rounds 1 --out "$RES/train_sac.json"
     $RAYLAB bench train --algo ppo --seconds 45 --warmup 15 --rounds 1 --out "$RES/train_ppo.json"
 
-    for a in appo sac ppo; do
+    # 8. What the live panel's short iterations cost: APPO at training.iteration_s=1 (the
+    #    default) against 5, batched env, alternating runs.
+    $RAYLAB bench train --algo appo --sides batched --vary training.iteration_s=1,5 --seconds 45 \
+        --warmup 15 --rounds 2 --out "$RES/train_appo_iteration_s.json"
+
+    for a in appo sac ppo appo_iteration_s; do
         $RAYLAB bench plot "$RES/train_$a.json" --out "$PLOTS/train_$a.png"
     done
+fi
+
+if [ "$what" = learn ]; then
+    # 9. Not part of `all` (stock RLlib SAC needs 10-15 minutes here): env steps until SAC's
+    #    mean return on Pendulum reaches -250, raylab SAC against stock RLlib SAC, same
+    #    hyperparameters, one env per runner.
+    ${PYTHON:-python} benchmarks/sac_sample_efficiency.py --task Pendulum-v1 --threshold -250 \
+        --max-steps 12000 --seeds 0 --out "$RES/sac_pendulum_sample_efficiency.json" env.num_envs=1
 fi
 
 echo "== done $(date -Iseconds)  $(uptime)"

@@ -21,6 +21,10 @@ Contenders, alternated run by run (order reversed every other round):
   ``torch_limit``, a plain-torch SAC update of the same network and batch size timed in this
   process on the learner's thread count: the most updates/s the learner could do.
 
+``--vary KEY=V1,V2`` runs each side once per value of one config key instead (alternating the
+same way) and reports every value's rates against the first: what a setting costs, e.g.
+``--vary training.iteration_s=1,5`` for the live panel's short iterations.
+
 A one-thread window of the batched env (``--ref-seconds``) before the first run and after every
 run is the machine's reference; its drift and trend give the verdict, as in the env sweep.
 """
@@ -356,11 +360,15 @@ def run_train_bench(
     ref_seconds: float = 3.0,
     drift_limit: float = C.DRIFT_LIMIT,
     trend_limit: float = C.TREND_LIMIT,
+    vary: Optional[str] = None,
     command: str = "",
 ) -> Dict[str, Any]:
     from raylab.envs.tasks import TASKS
 
     cfg = compose_cfg(algo, task, overrides)
+    variants = parse_vary(vary)
+    # One config per variant value (each checked now, before anything runs).
+    cfg_of = {v: compose_cfg(algo, task, [*overrides, v]) for v in variants}
     import ray  # noqa: F401  (imported before the result is opened: its version is recorded)
     import torch  # noqa: F401
 
@@ -370,7 +378,11 @@ def run_train_bench(
     if task not in TASKS and "batched" in sides:
         raise UserError(f"task '{task}' has no batched env; use --sides gym_sync")
     contenders = list(sides)
-    if algo == "sac":
+    if variants:
+        # The same sides, once per value of the varied key; nothing else (stock SAC and the
+        # plain-torch limit do not depend on raylab's config).
+        contenders = [f"{s}@{v}" for v in variants for s in sides]
+    elif algo == "sac":
         if stock_sac:
             contenders.append("stock_sac")
         if torch_limit_s > 0:
@@ -379,7 +391,8 @@ def run_train_bench(
                   rounds=rounds, contenders=contenders, torch_limit_s=torch_limit_s,
                   ref_seconds=ref_seconds, num_envs=cfg.env.num_envs,
                   num_threads=cfg.env.num_threads, num_env_runners=cfg.resources.num_env_runners,
-                  num_learners=cfg.resources.num_learners, hidden=list(cfg.algo.hidden))  # fmt: skip
+                  num_learners=cfg.resources.num_learners, hidden=list(cfg.algo.hidden),
+                  vary=variants)  # fmt: skip
     if algo == "sac":
         params["stock_sac_training_intensity"] = stock_sac_training_intensity(cfg)
     rc = cfg.resources
@@ -420,7 +433,9 @@ def run_train_bench(
                     _say(f"  round {r}  torch_limit {out['updates_per_s']:,.1f} updates/s "
                          f"({out['threads']} torch thread(s), the learner's)")  # fmt: skip
                 else:
-                    out = train_run(name, cfg, seconds, warmup)
+                    side, _, variant = name.partition("@")
+                    out = train_run(side, cfg_of.get(variant, cfg), seconds, warmup)
+                    out["contender"] = name
                     _say(f"  round {r}  {name:<11} {out['env_steps_per_s']:,.1f} env-steps/s, "
                          f"{out['updates_per_s']:,.1f} updates/s over {out['seconds']:.0f} s "
                          f"({out['iterations']} iterations; build {out['build_s']:.0f} s, "
@@ -438,7 +453,7 @@ def run_train_bench(
 
     result["runs"] = runs
     result["refs"] = refs
-    result["summary"] = _summarise(runs, contenders, algo)
+    result["summary"] = _summarise(runs, contenders, algo, variants)
     if refs:
         g = C.guard([x["env_steps_per_s"] for x in refs], drift_limit, trend_limit)
         for x, d in zip(refs, g["drifts"]):
@@ -461,7 +476,20 @@ def _spaces(cfg):
         env.close()
 
 
-def _summarise(runs: List[Dict[str, Any]], contenders: Sequence[str], algo: str) -> Dict[str, Any]:
+def parse_vary(vary: Optional[str]) -> List[str]:
+    """``KEY=V1,V2,...`` -> ``["KEY=V1", "KEY=V2", ...]`` (two values at least); None -> []."""
+    if not vary:
+        return []
+    key, eq, values = vary.partition("=")
+    vals = [v.strip() for v in values.split(",") if v.strip()]
+    if not eq or not key.strip() or len(vals) < 2 or len(set(vals)) < len(vals):
+        raise UserError(f"--vary {vary!r}: expected KEY=V1,V2[,...] with two or more different "
+                        "values, e.g. --vary training.iteration_s=1,5")
+    return [f"{key.strip()}={v}" for v in vals]
+
+
+def _summarise(runs: List[Dict[str, Any]], contenders: Sequence[str], algo: str,
+               variants: Sequence[str] = ()) -> Dict[str, Any]:
     def med(name, key):
         vals = [r[key] for r in runs if r["contender"] == name and r.get(key) is not None]
         return float(np.median(vals)) if vals else None
@@ -480,6 +508,16 @@ def _summarise(runs: List[Dict[str, Any]], contenders: Sequence[str], algo: str)
         "ratios": {},
         "goals": {},
     }
+    if variants:
+        # Every value against the first, per side: env steps and updates per second.
+        for side in dict.fromkeys(c.partition("@")[0] for c in contenders):
+            base = f"{side}@{variants[0]}"
+            for v in variants[1:]:
+                for key, short in (("env_steps_per_s", "env_steps"), ("updates_per_s", "updates")):
+                    r, per = per_round_ratio(f"{side}@{v}", base, key)
+                    out["ratios"][f"{side}@{v}_over_{variants[0]}_{short}"] = r
+                    out["ratios"][f"{side}@{v}_over_{variants[0]}_{short}_per_round"] = per
+        return out
     if "batched" in contenders and "gym_sync" in contenders:
         v, per = per_round_ratio("batched", "gym_sync", "env_steps_per_s")
         out["ratios"]["batched_over_gym_sync_env_steps"] = v
@@ -550,6 +588,10 @@ def parser():
                    help="unstable when a reference differs from the first by more than this")
     p.add_argument("--trend-limit", type=float, default=C.TREND_LIMIT,
                    help="trending when 3 consecutive references move one way by more than this")
+    p.add_argument("--vary", default=None, metavar="KEY=V1,V2",
+                   help="run each side once per value of one config key, alternating, and "
+                   "report each value's rates against the first (e.g. training.iteration_s=1,5); "
+                   "no stock SAC or torch limit then")
     p.add_argument("--out", default=None, help="result JSON; None: runs/bench/train_<algo>.json")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="raylab config overrides for every run, e.g. env.num_envs=32")
@@ -564,7 +606,8 @@ def main(argv: Sequence[str]) -> int:
         algo=args.algo, task=args.task, overrides=args.overrides, seconds=args.seconds,
         warmup=args.warmup, rounds=args.rounds, sides=args.sides, stock_sac=not args.no_stock_sac,
         torch_limit_s=args.torch_limit_seconds, ref_seconds=args.ref_seconds,
-        drift_limit=args.drift_limit, trend_limit=args.trend_limit, command=command,
+        drift_limit=args.drift_limit, trend_limit=args.trend_limit, vary=args.vary,
+        command=command,
     )  # fmt: skip
     print_train(res)
     path = C.save_result(res, args.out or f"runs/bench/train_{args.algo}.json")
@@ -574,11 +617,12 @@ def main(argv: Sequence[str]) -> int:
 
 def print_train(res: Dict[str, Any]) -> None:
     s = res["summary"]
-    print(f"{'contender':<12} {'env-steps/s':>12} {'updates/s':>10}   (median over rounds)")
+    width = max(12, *(len(n) for n in s["median"]))
+    print(f"{'contender':<{width}} {'env-steps/s':>12} {'updates/s':>10}   (median over rounds)")
     for name, m in s["median"].items():
         es = "-" if m["env_steps_per_s"] is None else f"{m['env_steps_per_s']:,.1f}"
         up = "-" if m["updates_per_s"] is None else f"{m['updates_per_s']:,.1f}"
-        print(f"{name:<12} {es:>12} {up:>10}")
+        print(f"{name:<{width}} {es:>12} {up:>10}")
     for k, v in s["ratios"].items():
         if not k.endswith("_per_round") and v is not None:
             print(f"{k}: {v:.2f}")

@@ -66,6 +66,9 @@ def check_checkpoint(path: Path, algo: str) -> None:
 def load_policy(path: Path):
     from ray.rllib.core.rl_module.rl_module import RLModule
 
+    from raylab.quiet import quiet_logs
+
+    quiet_logs()  # RLlib's deprecation notices while it rebuilds the module
     try:
         return RLModule.from_checkpoint(str((path / MODULE_SUBDIR).resolve()))
     except Exception as e:  # corrupt state files

@@ -360,6 +360,40 @@ def test_train_smoke(tmp_path, algo):
     assert run_cli("bench", "plot", str(out)).returncode == 0
 
 
+@pytest.mark.slow
+def test_train_vary_runs_each_value_of_one_key_alternating(tmp_path):
+    out = tmp_path / "train_vary.json"
+    r = run_cli("bench", "train", "--algo", "appo", "--sides", "batched", "--seconds", "3",
+                "--warmup", "1", "--rounds", "2", "--ref-seconds", "0.2",
+                "--vary", "training.iteration_s=0.1,1.5", "--out", str(out), "env.num_envs=4",
+                "algo.hidden=[32,32]", "algo.train_batch_size=128", timeout=900)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = _load(out)
+    a, b = "batched@training.iteration_s=0.1", "batched@training.iteration_s=1.5"
+    assert [x["contender"] for x in res["runs"]] == [a, b, b, a]
+    by = {name: [x for x in res["runs"] if x["contender"] == name] for name in (a, b)}
+    # The value reached the algorithm: 0.1 s iterations are many more in the same budget.
+    assert min(x["iterations"] for x in by[a]) > max(x["iterations"] for x in by[b])
+    ratios = res["summary"]["ratios"]
+    assert len(ratios[f"{b}_over_training.iteration_s=0.1_env_steps_per_round"]) == 2
+    assert ratios[f"{b}_over_training.iteration_s=0.1_env_steps"] > 0
+    assert "--vary training.iteration_s=0.1,1.5" in res["command"]
+
+
+@pytest.mark.parametrize("bad", ["training.iteration_s=1", "training.iteration_s", "=1,2",
+                                 "training.iteration_s=1,1"])
+def test_train_vary_bad_values_are_one_line(bad):
+    r = run_cli("bench", "train", "--vary", bad)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr and "--vary" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_train_vary_bad_value_for_the_key_is_refused_before_anything_runs():
+    r = run_cli("bench", "train", "--vary", "training.iteration_s=1,fast")
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "iteration_s" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
 def test_stock_sac_has_the_hyperparameters_of_raylab_sac():
     from raylab.algorithms.build import build_algorithm_config
     from raylab.bench_train import compose_cfg, stock_sac_config

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduce every committed benchmark result (benchmarks/results/*.json) and its plot
-# (benchmarks/plots/*.png). About 30 minutes on a 2-core machine; longer where the machine has
+# (benchmarks/plots/*.png). About 35 minutes on a 2-core machine; longer where the machine has
 # more cores (the thread sweep and the worker comparison then add rows for 4 and 8).
 #
 #   benchmarks/run_all.sh            # everything
@@ -67,12 +67,15 @@ if [ "$what" = all ] || [ "$what" = train ]; then
     $RAYLAB bench train --algo sac --seconds 45 --warmup 15 --rounds 1 --out "$RES/train_sac.json"
     $RAYLAB bench train --algo ppo --seconds 45 --warmup 15 --rounds 1 --out "$RES/train_ppo.json"
 
+    #    The same with two physics threads in the batched env (SyncVectorEnv has none).
+    $RAYLAB bench train --algo appo --seconds 45 --warmup 15 --rounds 1 \
+        --out "$RES/train_appo_threads2.json" env.num_threads=2
     # 8. What the live panel's short iterations cost: APPO at training.iteration_s=1 (the
     #    default) against 5, batched env, alternating runs.
     $RAYLAB bench train --algo appo --sides batched --vary training.iteration_s=1,5 --seconds 45 \
         --warmup 15 --rounds 2 --out "$RES/train_appo_iteration_s.json"
 
-    for a in appo sac ppo appo_iteration_s; do
+    for a in appo appo_threads2 sac ppo appo_iteration_s; do
         $RAYLAB bench plot "$RES/train_$a.json" --out "$PLOTS/train_$a.png"
     done
 fi

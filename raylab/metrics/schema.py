@@ -217,10 +217,11 @@ _RESERVED: Tuple[str, ...] = ()
 _SPECS: Tuple[MetricSpec, ...] = (
     # ----------------------------------------------------------------------- progress
     _spec(TRAIN_MEAN_REWARD, "collector", "return", "mean", _ALL,
-          "Mean undiscounted return of episodes completed by the EnvRunners (latest 100); the "
-          "overall training-progress curve"),
+          "Mean undiscounted return of the episodes the EnvRunners completed since the previous "
+          "report (RLlib's episode_return_mean: per EnvRunner, then averaged); the overall "
+          "training-progress curve"),
     _spec(TRAIN_MEAN_EPISODE_LENGTH, "collector", "steps", "mean", _ALL,
-          "Mean length of episodes completed by the EnvRunners (latest 100)"),
+          "Mean length of the episodes the EnvRunners completed since the previous report"),
     _spec(EPISODE_TIMEOUT_RATE, "collector", "ratio", "mean", _ALL,
           "Fraction of completed episodes that ended by the time limit rather than a "
           "termination term; omitted until the first episode completes"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import time
 from pathlib import Path
 
 import numpy as np
@@ -155,7 +156,14 @@ def test_wandb_offline_run_files(tmp_path, wandb_env):
 
     run_files = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(run_files) == 1
-    records = read_wandb_records(run_files[0])
+    # W&B's service process writes the file; now and then it is still flushing when finish()
+    # returns (seen here: the 7-byte header alone). The run is complete at its exit record.
+    deadline = time.monotonic() + 30.0
+    while True:
+        records = read_wandb_records(run_files[0])
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
     assert run.project == "raylab-test" and run.run_group == "g1"
     assert list(run.tags) == ["a", "b"] and run.notes == "hello"

@@ -64,7 +64,13 @@ from raylab.envs.managers import (
     TerminationTerm,
 )
 from raylab.envs.microduck import AUTORESET_MODES, INFO_MODES, check_choice, nominal_physics
-from raylab.envs.microduck_vec import gravity_from_quat, upright
+from raylab.envs.microduck_vec import (
+    check_actions,
+    gravity_from_quat,
+    keep_final,
+    seeded_rngs,
+    upright,
+)
 
 CONTROL_DT = 0.02  # 50 Hz control in both tasks
 MOVING_COMMAND = 0.1  # |command| above this counts as "move" for the feet terms
@@ -664,12 +670,7 @@ class JoystickVecEnv(VectorEnv):
         """Reset every env; ``seed=s`` seeds env i with ``s + i`` (a list: one seed per env)."""
         n = self.num_envs
         if seed is not None:
-            seeds = list(seed) if isinstance(seed, (list, tuple, np.ndarray)) else [
-                int(seed) + i for i in range(n)
-            ]
-            if len(seeds) != n:
-                raise ValueError(f"reset got {len(seeds)} seeds for {n} envs")
-            self.rngs = [np.random.default_rng(s) for s in seeds]
+            self.rngs = seeded_rngs(seed, n)
         self._reset_envs(np.arange(n))
         self._has_reset = True
         self._needs_reset[:] = False
@@ -693,7 +694,8 @@ class JoystickVecEnv(VectorEnv):
     def step(self, actions):
         if not self._has_reset:
             raise RuntimeError("call reset() before step()")
-        actions = self._check_actions(actions)
+        actions, clipped = check_actions(actions, self.num_envs, self.num_actions)
+        self.action_clip_count += clipped
 
         # NEXT_STEP autoreset: envs whose episode ended on the previous call reset now and
         # ignore this call's action (reward 0, not done).
@@ -743,33 +745,10 @@ class JoystickVecEnv(VectorEnv):
             self._needs_reset = done
         elif done.any():
             # SAME_STEP: keep the final observation, reset now, return the new first one.
-            done_ids = np.flatnonzero(done)
-            final_obs = np.zeros_like(obs)
-            final_obs[done_ids] = obs[done_ids]
-            if self.info_mode == "full":
-                info["final_info"] = {k: v for k, v in info.items() if k != "log"}
-                info["_final_info"] = done.copy()
-            info["final_obs"] = final_obs
-            info["_final_obs"] = done.copy()
+            done_ids = keep_final(obs, info, done, self.info_mode == "full")
             self._reset_envs(done_ids)
             obs[done_ids] = self.observations.compute(self)[done_ids]
         return obs, reward, terminated, truncated, info
-
-    def _check_actions(self, actions) -> np.ndarray:
-        a = np.asarray(actions, dtype=np.float64)
-        if a.shape != (self.num_envs, self.num_actions):
-            raise ValueError(
-                f"actions must have shape ({self.num_envs}, {self.num_actions}), got {a.shape}"
-            )
-        bad = ~np.isfinite(a).all(axis=1)
-        if bad.any():
-            raise ValueError(
-                f"actions contain NaN or Inf in env(s) {np.flatnonzero(bad).tolist()}; "
-                f"actions must be finite (values outside [-1, 1] are clipped)"
-            )
-        clipped = np.clip(a, -1.0, 1.0)
-        self.action_clip_count += int(np.count_nonzero(clipped != a))
-        return clipped
 
     def _state_info(self) -> Dict[str, np.ndarray]:
         return {

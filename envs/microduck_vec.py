@@ -14,7 +14,7 @@ Env state is plain arrays, one row per env (``joint_pos``, ``joint_vel``, ``acti
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -77,6 +77,47 @@ def _mean_square(x: np.ndarray) -> np.ndarray:
     """Row mean of x*x: a C-contiguous (N, k) array reduced along its last axis (same pairwise
     summation as the reference's 1-D mean)."""
     return np.mean(np.ascontiguousarray(x * x), axis=1)
+
+
+# vector-env plumbing shared with the joystick tasks (envs/joystick.py)
+def seeded_rngs(seed, n: int) -> List[np.random.Generator]:
+    """``reset(seed=...)``: an int s seeds env i with s + i; a sequence gives one seed per env."""
+    seeds = list(seed) if isinstance(seed, (list, tuple, np.ndarray)) else [
+        int(seed) + i for i in range(n)
+    ]
+    if len(seeds) != n:
+        raise ValueError(f"reset got {len(seeds)} seeds for {n} envs")
+    return [np.random.default_rng(s) for s in seeds]
+
+
+def check_actions(actions, num_envs: int, num_actions: int) -> Tuple[np.ndarray, int]:
+    """(num_envs, num_actions) finite actions clipped to [-1, 1], and how many entries were
+    clipped; anything else raises one clear ValueError."""
+    a = np.asarray(actions, dtype=np.float64)
+    if a.shape != (num_envs, num_actions):
+        raise ValueError(f"actions must have shape ({num_envs}, {num_actions}), got {a.shape}")
+    bad = ~np.isfinite(a).all(axis=1)
+    if bad.any():
+        raise ValueError(
+            f"actions contain NaN or Inf in env(s) {np.flatnonzero(bad).tolist()}; "
+            f"actions must be finite (values outside [-1, 1] are clipped)"
+        )
+    clipped = np.clip(a, -1.0, 1.0)
+    return clipped, int(np.count_nonzero(clipped != a))
+
+
+def keep_final(obs: np.ndarray, info: Dict[str, Any], done: np.ndarray, full_info: bool) -> np.ndarray:
+    """SAME_STEP autoreset: the ending envs' final observation (and info, in full info mode)
+    go into ``info`` the Gymnasium way; returns their ids, which the caller then resets."""
+    done_ids = np.flatnonzero(done)
+    final_obs = np.zeros_like(obs)
+    final_obs[done_ids] = obs[done_ids]
+    if full_info:
+        info["final_info"] = {k: v for k, v in info.items() if k != "log"}
+        info["_final_info"] = done.copy()
+    info["final_obs"] = final_obs
+    info["_final_obs"] = done.copy()
+    return done_ids
 
 
 # observation terms
@@ -340,12 +381,7 @@ class MicroduckBalanceVecEnv(VectorEnv):
         ``options={"episode_params": [p_0, ..., p_N-1]}`` replays drawn values (None entries draw)."""
         n = self.num_envs
         if seed is not None:
-            seeds = list(seed) if isinstance(seed, (list, tuple, np.ndarray)) else [
-                int(seed) + i for i in range(n)
-            ]
-            if len(seeds) != n:
-                raise ValueError(f"reset got {len(seeds)} seeds for {n} envs")
-            self.rngs = [np.random.default_rng(s) for s in seeds]
+            self.rngs = seeded_rngs(seed, n)
         replay = (options or {}).get("episode_params")
         if replay is not None and len(replay) != n:
             raise ValueError(f"episode_params has {len(replay)} entries for {n} envs")
@@ -405,7 +441,8 @@ class MicroduckBalanceVecEnv(VectorEnv):
     def step(self, actions):
         if not self._has_reset:
             raise RuntimeError("call reset() before step()")
-        actions = self._check_actions(actions)
+        actions, clipped = check_actions(actions, self.num_envs, NUM_ACTIONS)
+        self.action_clip_count += clipped
         n = self.num_envs
 
         # NEXT_STEP autoreset: envs whose episode ended on the previous call reset now and
@@ -458,34 +495,11 @@ class MicroduckBalanceVecEnv(VectorEnv):
         elif done.any():
             # SAME_STEP: keep the final observation (and info), reset now, return the first
             # observation of the new episode.
-            done_ids = np.flatnonzero(done)
-            final_obs = np.zeros_like(obs)
-            final_obs[done_ids] = obs[done_ids]
-            if self.info_mode == "full":
-                info["final_info"] = {k: v for k, v in info.items() if k != "log"}
-                info["_final_info"] = done.copy()
-            info["final_obs"] = final_obs
-            info["_final_obs"] = done.copy()
+            done_ids = keep_final(obs, info, done, self.info_mode == "full")
             self._reset_envs(done_ids)
             self._observe_sensors(done_ids)
             obs[done_ids] = self.observations.compute(self)[done_ids]
         return obs, reward, terminated, truncated, info
-
-    def _check_actions(self, actions) -> np.ndarray:
-        a = np.asarray(actions, dtype=np.float64)
-        if a.shape != (self.num_envs, NUM_ACTIONS):
-            raise ValueError(
-                f"actions must have shape ({self.num_envs}, {NUM_ACTIONS}), got {a.shape}"
-            )
-        bad = ~np.isfinite(a).all(axis=1)
-        if bad.any():
-            raise ValueError(
-                f"actions contain NaN or Inf in env(s) {np.flatnonzero(bad).tolist()}; "
-                f"actions must be finite (values outside [-1, 1] are clipped)"
-            )
-        clipped = np.clip(a, -1.0, 1.0)
-        self.action_clip_count += int(np.count_nonzero(clipped != a))
-        return clipped
 
     def _state_info(self, pushed: np.ndarray) -> Dict[str, np.ndarray]:
         return {

@@ -178,17 +178,17 @@ def register_task(spec: TaskSpec) -> TaskSpec:
     return spec
 
 
+# Envs per EnvRunner for the MuJoCo robot tasks: on-policy batches from 32 envs; SAC's one
+# update per env step keeps its envs fewer.
+ROBOT_ENV_DEFAULTS = {"appo": {"num_envs": 32}, "ppo": {"num_envs": 32}, "sac": {"num_envs": 8}}
+
 register_task(
     TaskSpec(
         name="microduck_balance",
         gym_id="raylab/MicroduckBalance-v0",
         config_cls=MicroduckBalanceConfig,
         description="14-servo duck robot that must stay standing under pushes",
-        env_defaults={
-            "appo": {"num_envs": 32},
-            "ppo": {"num_envs": 32},
-            "sac": {"num_envs": 8},
-        },
+        env_defaults=ROBOT_ENV_DEFAULTS,
     )
 )
 
@@ -209,11 +209,7 @@ register_task(
             "appo": {"lr": 3e-4, "hidden": [256, 128]},
             "sac": {"hidden": [256, 256]},
         },
-        env_defaults={
-            "appo": {"num_envs": 32},
-            "ppo": {"num_envs": 32},
-            "sac": {"num_envs": 8},
-        },
+        env_defaults=ROBOT_ENV_DEFAULTS,
     )
 )
 
@@ -229,11 +225,7 @@ register_task(
                     "hidden": [256, 128]},
             "appo": {"lr": 3e-4, "hidden": [256, 128]},
         },
-        env_defaults={
-            "appo": {"num_envs": 32},
-            "ppo": {"num_envs": 32},
-            "sac": {"num_envs": 8},
-        },
+        env_defaults=ROBOT_ENV_DEFAULTS,
     )
 )
 

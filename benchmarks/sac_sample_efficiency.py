@@ -32,12 +32,11 @@ from raylab import bench_common as C
 
 def learn(contender: str, task: str, seed: int, threshold: float, max_steps: int,
           overrides: Sequence[str]) -> Dict[str, Any]:
-    from raylab.bench_train import algorithm_config, compose_cfg
+    from raylab.bench_train import algorithm_config, compose_cfg, stop_algorithm
     from raylab.reporting import env_steps
 
     cfg = compose_cfg("sac", task, [f"training.seed={seed}", *overrides])
-    config = algorithm_config(contender, cfg).debugging(seed=seed)
-    algo = config.build_algo()
+    algo = algorithm_config(contender, cfg).build_algo()
     curve: List[List[float]] = []
     reached: Optional[int] = None
     t0 = time.perf_counter()
@@ -54,9 +53,7 @@ def learn(contender: str, task: str, seed: int, threshold: float, max_steps: int
             if steps >= max_steps:
                 break
     finally:
-        if contender == "batched":
-            algo.learner_group.foreach_learner(lambda learner: learner.shutdown())
-        algo.stop()
+        stop_algorithm(algo, contender, cfg)
     side = "raylab_sac" if contender == "batched" else contender
     last = curve[-1] if curve else None
     print(f"  {side:10s} seed {seed}: "

@@ -64,10 +64,12 @@ from raylab.envs.managers import (
     TerminationTerm,
 )
 from raylab.envs.microduck import AUTORESET_MODES, INFO_MODES, check_choice, nominal_physics
-from raylab.envs.microduck_vec import (
+from raylab.envs.microduck_vec import (  # noqa: F401  (obs terms re-exported for the tasks)
     check_actions,
     gravity_from_quat,
     keep_final,
+    obs_action,
+    obs_joint_vel,
     seeded_rngs,
     upright,
 )
@@ -213,14 +215,6 @@ def obs_gravity(env):
 
 def obs_joint_pos(env):
     return env.joint_pos - env.default
-
-
-def obs_joint_vel(env):
-    return env.joint_vel
-
-
-def obs_action(env):
-    return env.action
 
 
 def obs_command(env):

@@ -271,6 +271,15 @@ def _actor_pids(algo):
     return learners, runners
 
 
+def stop_algorithm(algo, contender: str, cfg) -> None:
+    """Stop a contender's algorithm. raylab SAC's learners stop their update threads first
+    (RLlib calls Learner.shutdown only for a local learner; a remote one would exit with its
+    thread still running)."""
+    if contender in SIDES and cfg.algo.name == "sac":
+        algo.learner_group.foreach_learner(lambda learner: learner.shutdown())
+    algo.stop()
+
+
 def train_run(contender: str, cfg, seconds: float, warmup: float, max_warmup: float = 300.0) -> Dict[str, Any]:
     """Build, warm up, train for ``seconds``; the run's rates and phase shares."""
     from raylab.metrics import schema as S
@@ -307,11 +316,7 @@ def train_run(contender: str, cfg, seconds: float, warmup: float, max_warmup: fl
         u1, rows1 = _updates_and_rows(algo, contender, cfg, result)
         c1 = [C.proc_cpu_seconds(p) for p in (*learner_pids, *runner_pids)]
     finally:
-        if contender in SIDES and cfg.algo.name == "sac":
-            # Stop the learners' update threads first (RLlib calls Learner.shutdown only for a
-            # local learner; a remote one would exit with its thread still running).
-            algo.learner_group.foreach_learner(lambda learner: learner.shutdown())
-        algo.stop()
+        stop_algorithm(algo, contender, cfg)
     fps = [m[S.PERF_TOTAL_FPS] for m in metrics if S.PERF_TOTAL_FPS in m]
     collector = {}
     for tag in (S.PERF_COLLECTOR_ENV_STEP_MS, S.PERF_COLLECTOR_MLP_INFER_MS):

@@ -56,9 +56,16 @@ OBS_DIM = 48
 N_SUBSTEPS = 10  # mj_step per control step: 10 x 0.002 s = 50 Hz control
 CONTROL_DT = 0.02
 STAND_HEIGHT = 0.12  # trunk origin in the "stand" keyframe (m)
-FALLEN_HEIGHT = 0.04  # trunk below this counts as fallen (survival = trunk above it)
+# Survival: a step counts as survived while the duck is up, with its trunk at least 3/4 of the
+# stand height above the floor and tilted less than 60 degrees. A fallen duck rests with its
+# trunk at 3-6 cm and tilted far over, so neither a duck lying on the floor nor one that has sat
+# down counts; a standing duck, even one leaning into a push or crouching as far as the default
+# action scale allows (about 11.5 cm), does.
+SURVIVAL_MIN_HEIGHT = 0.75 * STAND_HEIGHT  # m
+SURVIVAL_MIN_UPRIGHT = 0.5  # cosine of the trunk's tilt (60 degrees)
 PUSH_MARGIN_STEPS = 25  # pushes land at least 0.5 s from either end of the episode
 MAX_LATENCY = 2  # control steps
+BACKLASH_RAD = 0.002  # free play of the backlash variant's passive hinges (see docs/envs.md)
 
 VARIANTS = ("default", "backlash", "toes")
 REWARD_VERSIONS = ("v1", "v2")
@@ -81,14 +88,15 @@ QUAT_NOISE_STD = 0.001  # per quaternion component, when sensor noise is on
 
 # Domain randomisation. The servo parameters are drawn uniformly between the smallest and the
 # largest value of four actuator fits. These four rows are raylab's own set, shaped like the
-# upstream XL330 fits (frictionloss spanning about 6.7x); kp sits around 1.0 N.m/rad because the
-# primitive-geom model does not stand on 0.55 (see docs/envs.md).
+# upstream XL330 fits: the first is the model's nominal servo (kp 0.55 N.m/rad, damping 0.053,
+# frictionloss 0.0048, armature 0.0018, force limit 0.96 N.m) and each range is centred on it;
+# frictionloss spans about 6.7x (0.0019-0.0124), so its range is centred geometrically.
 SERVO_FITS: Dict[str, Tuple[float, float, float, float]] = {
-    "kp": (1.00, 0.90, 1.10, 0.95),
-    "damping": (0.053, 0.045, 0.060, 0.050),
-    "frictionloss": (0.0048, 0.0021, 0.0140, 0.0090),
-    "armature": (0.0018, 0.0015, 0.0021, 0.0019),
-    "force_limit": (0.96, 0.90, 1.02, 0.93),
+    "kp": (0.55, 0.49, 0.61, 0.52),
+    "damping": (0.053, 0.046, 0.060, 0.050),
+    "frictionloss": (0.0048, 0.0019, 0.0124, 0.0072),
+    "armature": (0.0018, 0.0015, 0.0021, 0.0017),
+    "force_limit": (0.96, 0.90, 1.02, 0.94),
 }
 SERVO_PARAMS = tuple(SERVO_FITS)
 MASS_SCALE_RANGE = (0.85, 1.15)  # per body, applied to mass and inertia
@@ -117,6 +125,13 @@ REWARD_WEIGHTS: Dict[str, Dict[str, float]] = {
 VECTOR_ONLY_OPTIONS = ("num_threads", "autoreset_mode", "allow_overcommit", "info_mode")
 AUTORESET_MODES = ("next_step", "same_step")
 INFO_MODES = ("none", "full")
+
+
+def is_fallen(trunk_height, upright_cos):
+    """Whether the duck is down (scalars or arrays): the one survival definition of the task,
+    used by both envs' ``info["fallen"]``, their episode statistics, ``raylab eval`` and the
+    baselines."""
+    return (trunk_height < SURVIVAL_MIN_HEIGHT) | (upright_cos < SURVIVAL_MIN_UPRIGHT)
 
 
 def check_choice(name: str, value: Any, choices: Tuple[str, ...]) -> str:
@@ -194,7 +209,7 @@ def _hinges_of(spec: mujoco.MjSpec):
 
 
 def _add_backlash(spec: mujoco.MjSpec) -> None:
-    """A passive +/-0.01 rad hinge in series with every servo joint (same body, same axis)."""
+    """A passive +/-BACKLASH_RAD hinge in series with every servo joint (same body, same axis)."""
     for joint in _hinges_of(spec):
         if joint.name not in ACTUATOR_NAMES:
             continue
@@ -202,7 +217,7 @@ def _add_backlash(spec: mujoco.MjSpec) -> None:
         bl.name = f"{joint.name}_backlash"
         bl.type = mujoco.mjtJoint.mjJNT_HINGE
         bl.axis = joint.axis
-        bl.range = [-0.01, 0.01]
+        bl.range = [-BACKLASH_RAD, BACKLASH_RAD]
         bl.limited = mujoco.mjtLimited.mjLIMITED_TRUE
         bl.damping = [0.01, 0.0, 0.0]  # (linear, polynomial terms) in MuJoCo 4
         bl.armature = 0.0005
@@ -215,7 +230,8 @@ def _add_toes(spec: mujoco.MjSpec) -> None:
         foot = spec.body(f"{side}_foot")
         toe = foot.add_body()
         toe.name = f"{side}_toe"
-        toe.pos = [0.046, 0.0, -0.00735]
+        sole = spec.geom(f"{side}_foot")
+        toe.pos = [sole.pos[0] + sole.size[0], 0.0, sole.pos[2]]  # the front edge of the foot
         j = toe.add_joint()
         j.name = f"{side}_toe"
         j.type = mujoco.mjtJoint.mjJNT_HINGE
@@ -229,7 +245,7 @@ def _add_toes(spec: mujoco.MjSpec) -> None:
         g = toe.add_geom()
         g.name = f"{side}_toe"
         g.type = mujoco.mjtGeom.mjGEOM_BOX
-        g.size = [0.01, 0.019, 0.004]
+        g.size = [0.01, sole.size[1], sole.size[2]]
         g.pos = [0.01, 0.0, 0.0]
         g.mass = 0.004
 
@@ -690,10 +706,10 @@ class MicroduckBalanceEnv(gym.Env):
         return reward, terms
 
     def _state_info(self) -> Dict[str, Any]:
-        h = self._trunk_height()
+        h, up = self._trunk_height(), self._upright_cos()
         return {
             "trunk_height": h,
-            "upright_cos": self._upright_cos(),
-            "fallen": h < FALLEN_HEIGHT,
+            "upright_cos": up,
+            "fallen": bool(is_fallen(h, up)),
             "step": self.t,
         }

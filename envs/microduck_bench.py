@@ -39,7 +39,7 @@ import numpy as np
 
 import raylab.envs  # noqa: F401  (registers the Gymnasium ids)
 from raylab.bench_common import machine_info, run_window
-from raylab.envs.microduck import FALLEN_HEIGHT, NUM_ACTIONS
+from raylab.envs.microduck import NUM_ACTIONS
 from raylab.envs.microduck_vec import MicroduckBalanceVecEnv
 
 GYM_ID = "raylab/MicroduckBalance-v0"
@@ -164,9 +164,9 @@ def run_baselines(
     """Returns of fixed policies: hold the stand pose (action 0) and uniform random actions.
 
     For each reward version, policy and seed: ``episodes`` envs reset with ``seed * 1000`` (env
-    i gets ``seed * 1000 + i``), one full episode each. Survival is the fraction of steps with
-    the trunk above 4 cm; ``upright_at_end`` the fraction of episodes ending with the trunk
-    above 9 cm.
+    i gets ``seed * 1000 + i``), one full episode each. Survival is the fraction of steps not
+    fallen (the task's one definition, :func:`raylab.envs.microduck.is_fallen`);
+    ``upright_at_end`` the fraction of episodes whose last step is not fallen.
     """
     out: Dict[str, Any] = {"episodes_per_seed": episodes, "seeds": list(seeds), "options": options}
     for version in ("v1", "v2"):
@@ -193,9 +193,9 @@ def run_baselines(
                         a = rng.uniform(-1.0, 1.0, size=(episodes, NUM_ACTIONS))
                     _, r, _, trunc, info = env.step(a)
                     ret += r
-                    alive += info["trunk_height"] > FALLEN_HEIGHT
+                    alive += ~info["fallen"]
                 assert trunc.all()
-                upright_end = float(np.mean(info["trunk_height"] > 0.09))
+                upright_end = float(np.mean(~info["fallen"]))
                 env.close()
                 per_seed.append({"seed": s, "return_mean": float(ret.mean()),
                                  "return_sd": float(ret.std()),

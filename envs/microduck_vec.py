@@ -34,7 +34,6 @@ from raylab.envs.managers import (
 )
 from raylab.envs.microduck import (
     AUTORESET_MODES,
-    FALLEN_HEIGHT,
     GYRO_NOISE_STD,
     HEIGHT_SIGMA,
     INFO_MODES,
@@ -51,6 +50,7 @@ from raylab.envs.microduck import (
     check_choice,
     check_episode_params,
     draw_episode_params,
+    is_fallen,
     nominal_physics,
     prototype,
     robot_index,
@@ -339,7 +339,7 @@ class MicroduckBalanceVecEnv(VectorEnv):
         self._needs_reset = np.zeros(n, dtype=bool)
         self._has_reset = False
         # Survival statistics of the running episodes and of those finished since the last pop.
-        self._alive_steps = np.zeros(n, dtype=np.int64)  # steps with the trunk above 4 cm
+        self._alive_steps = np.zeros(n, dtype=np.int64)  # steps not fallen (is_fallen)
         self._height_sum = np.zeros(n)
         self._finished = {"episodes": 0, "survival": 0.0, "trunk_height": 0.0}
         self.action_clip_count = 0  # action entries clipped to [-1, 1] since construction
@@ -505,7 +505,7 @@ class MicroduckBalanceVecEnv(VectorEnv):
         return {
             "trunk_height": self.trunk_height.copy(),
             "upright_cos": self.upright_cos.copy(),
-            "fallen": self.trunk_height < FALLEN_HEIGHT,
+            "fallen": is_fallen(self.trunk_height, self.upright_cos),
             "pushed": pushed.copy(),
             "step": self.step_count.copy(),
         }
@@ -513,7 +513,7 @@ class MicroduckBalanceVecEnv(VectorEnv):
     # -- logging -----------------------------------------------------------------------------
 
     def _track_episodes(self, active: np.ndarray, done: np.ndarray) -> None:
-        self._alive_steps += active & (self.trunk_height > FALLEN_HEIGHT)
+        self._alive_steps += active & ~is_fallen(self.trunk_height, self.upright_cos)
         self._height_sum += np.where(active, self.trunk_height, 0.0)
         if done.any():
             steps = self.step_count[done]
@@ -525,7 +525,8 @@ class MicroduckBalanceVecEnv(VectorEnv):
 
     def pop_episode_stats(self) -> Dict[str, float]:
         """Over the episodes finished since the last call: their number, mean survival (fraction
-        of steps with the trunk above 4 cm) and mean trunk height (m); then clear them."""
+        of steps not fallen, :func:`~raylab.envs.microduck.is_fallen`) and mean trunk height (m);
+        then clear them."""
         f = self._finished
         n = f["episodes"]
         out = {"episodes": n}

@@ -20,9 +20,6 @@ import numpy as np
 from raylab.errors import UserError
 from raylab.train import TUNE_DIR, load_run_config
 
-# A Microduck step "survives" when the trunk is above 4 cm (robots facts). Tasks without such a
-# threshold count an episode as survived when it runs to its time limit without terminating.
-SURVIVAL_HEIGHT_M = {"microduck_balance": 0.04, "microduck_joystick": 0.04}
 MODULE_SUBDIR = Path("learner_group") / "learner" / "rl_module" / "default_policy"
 
 
@@ -102,10 +99,7 @@ def make_eval_env(cfg, render: bool = False):
     return gym.make(cfg.env.gym_id, **kwargs)
 
 
-def run_episodes(
-    module, env, episodes: int, seed: int, video_path: Optional[Path] = None,
-    survival_height: Optional[float] = None,
-):
+def run_episodes(module, env, episodes: int, seed: int, video_path: Optional[Path] = None):
     returns, lengths, survival = [], [], []
     frames = []
     renderer = None
@@ -120,16 +114,18 @@ def run_episodes(
             obs, reward, terminated, truncated, info = env.step(action)
             ep_ret += float(reward)
             ep_len += 1
-            if survival_height is not None and "trunk_height" in info:
-                alive.append(float(info["trunk_height"]) > survival_height)
+            if "fallen" in info:
+                alive.append(not bool(info["fallen"]))
             done = bool(terminated or truncated)
             if renderer is not None and i == 0:
                 frames.append(renderer.render())
         returns.append(ep_ret)
         lengths.append(ep_len)
-        # Survival: share of steps with the trunk up where the task reports its height; for
-        # other tasks, whether the episode ran to its time limit without terminating.
-        survival.append(float(np.mean(alive)) if alive else float(not terminated))
+        # Survival: an episode that terminated (a joystick robot that fell) survived none of
+        # it; otherwise the share of its steps on which the robot was not fallen, by the task's
+        # own definition (info["fallen"]; Microduck balance: raylab.envs.microduck.is_fallen),
+        # or all of it where the task reports none.
+        survival.append(0.0 if terminated else float(np.mean(alive)) if alive else 1.0)
     if renderer is not None:
         renderer.close()
         _write_video(frames, video_path, fps=_control_fps(env))
@@ -205,9 +201,7 @@ def evaluate(run_dir: str, checkpoint: Optional[str], episodes: int, seed: int, 
     env = make_eval_env(cfg)
     video_path = run / "play_video.mp4" if video else None
     print(f"raylab: evaluating {ckpt} on {cfg.task}, {episodes} episodes", file=sys.stderr)
-    stats = run_episodes(
-        module, env, episodes, seed, video_path, survival_height=SURVIVAL_HEIGHT_M.get(cfg.task)
-    )
+    stats = run_episodes(module, env, episodes, seed, video_path)
     env.close()
     stats.update({"checkpoint": str(ckpt), "task": cfg.task, "algo": cfg.algo.name})
     if video_path is not None:

@@ -9,9 +9,12 @@ any other Gymnasium id through Gymnasium's own SyncVectorEnv.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Dict
 
 from omegaconf import DictConfig, OmegaConf
+
+from raylab.envs.backend import MAX_THREADS
 
 from raylab.envs.tasks import TASKS
 from raylab.errors import UserError
@@ -20,10 +23,41 @@ from raylab.errors import UserError
 _ENV_PLUMBING = ("gym_id", "num_envs", "kwargs")
 
 
+def physics_threads(cfg: DictConfig) -> int:
+    """``env.num_threads`` as a number: the one given, or for ``auto`` the CPUs each EnvRunner
+    may use. On a cluster (``resources.ray_address`` or ``RAY_ADDRESS``) that is its own
+    reservation, so several EnvRunners on one node never oversubscribe it. With the in-process
+    Ray it is the machine's cores shared among the EnvRunners: the driver is idle and a PPO /
+    APPO learner waits on the collector most of its iteration (APPO on this project's 2-core
+    machine: 82%), but SAC's learner computes all the time, so its CPUs are left to it.
+    At most 8 (the backend's limit) and at most one thread per env."""
+    value = str(cfg.env.num_threads)
+    if value != "auto":
+        return int(value)
+    r = cfg.resources
+    if r.ray_address or os.environ.get("RAY_ADDRESS"):
+        n = int(r.num_cpus_per_env_runner)
+    else:
+        cores = float(usable_cores())
+        if cfg.algo.name == "sac":
+            cores -= max(1, r.num_learners) * r.num_cpus_per_learner
+        n = int(cores // max(1, r.num_env_runners))
+    return max(1, min(n, MAX_THREADS, int(cfg.env.num_envs)))
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def env_options(cfg: DictConfig) -> Dict[str, Any]:
     """The keyword arguments the task's vector env receives (besides num_envs)."""
     env = OmegaConf.to_container(cfg.env, resolve=True)
     options = {k: v for k, v in env.items() if k not in _ENV_PLUMBING}
+    if "num_threads" in options:
+        options["num_threads"] = physics_threads(cfg)
     if cfg.task not in TASKS:
         # Gymnasium ids: only gymnasium.make kwargs; raylab-only options do not apply.
         options = {}
@@ -55,10 +89,17 @@ def resolve_num_gpus_per_learner(cfg: DictConfig, cluster_gpus: float) -> float:
     return float(want)
 
 
+def use_fast_sampler(cfg: DictConfig) -> bool:
+    """Whether PPO / APPO EnvRunners use raylab's rollout loop (``training.fast_sampler``; its
+    values are checked when the config is composed)."""
+    want = cfg.training.fast_sampler
+    return cfg.task in TASKS if want is None else bool(want)
+
+
 def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
     """The RLlib AlgorithmConfig for a composed raylab config."""
     from raylab.algorithms.callbacks import RaylabCallbacks
-    from raylab.algorithms.env_runner import RaylabEnvRunner
+    from raylab.algorithms.env_runner import RaylabEnvRunner, RaylabFastEnvRunner
 
     algo = cfg.algo
     builder = {"ppo": _ppo, "appo": _appo, "sac": _sac}[algo.name]
@@ -66,7 +107,11 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
     learner_extras = {}
     if algo.name in ("ppo", "appo"):
         learner_extras["policy_init"] = {"log_std": algo.init_log_std, "scale": algo.init_policy_scale}
-    runner_cls = config.env_runner_cls if cfg.algo.name == "sac" else RaylabEnvRunner
+    fast = use_fast_sampler(cfg)
+    if cfg.algo.name == "sac":
+        runner_cls = config.env_runner_cls  # SAC's transition path is always raylab's loop
+    else:
+        runner_cls = RaylabFastEnvRunner if fast else RaylabEnvRunner
     vector_mode = "vector_entry_point" if cfg.task in TASKS else "sync"
     config = (
         config.environment(env=env_id_for_runner(cfg), env_config=env_options(cfg))

@@ -40,8 +40,9 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, LEARNER_RESULTS
 
-from raylab.algorithms.env_runner import RaylabEnvRunner
+from raylab.algorithms.env_runner import RaylabEnvRunner, one_torch_thread
 from raylab.algorithms.replay import DeviceReplay
+from raylab.algorithms.rollout import RolloutLoop
 from raylab.algorithms.sac_kernel import SACParts, sac_update
 from raylab.algorithms.sac_module import RaylabSACModule
 from raylab.algorithms.timeline import (
@@ -98,15 +99,11 @@ class RaylabSACEnvRunner(RaylabEnvRunner):
     """Steps the vector env directly and returns transitions as arrays (no episode objects)."""
 
     def _fast_init(self) -> None:
-        self._venv = getattr(self.env, "env", self.env)  # under RLlib's DictInfoToList wrapper
-        self._obs = None
-        self._prev_done = np.zeros(self.num_envs, dtype=bool)
-        self._ep_return = np.zeros(self.num_envs, dtype=np.float64)
-        self._ep_len = np.zeros(self.num_envs, dtype=np.int64)
+        one_torch_thread()
+        self._loop = RolloutLoop(self.batched_env(), stats_tracker.get(COLLECTOR_TRACKER))
         self._weights_version = -1
         self._rng = np.random.default_rng((self.config.seed or 0) * 7919 + self.worker_index)
-        space = self._venv.single_action_space
-        self._low, self._high = space.low.astype(np.float32), space.high.astype(np.float32)
+        self._act_dim = self._loop.low.shape[0]
         self._dist_cls = self.module.get_exploration_action_dist_cls() if self.module else None
         # Our module clamps log-std itself; RLlib's distribution gets (mean, log_std).
 
@@ -118,7 +115,7 @@ class RaylabSACEnvRunner(RaylabEnvRunner):
         random_steps_left: int = 0,
         num_shards: int = 1,
     ) -> Dict[str, Any]:
-        if not hasattr(self, "_venv"):
+        if not hasattr(self, "_loop"):
             self._fast_init()
         tracker = stats_tracker.get(COLLECTOR_TRACKER)
         t_start = time.perf_counter()
@@ -126,61 +123,30 @@ class RaylabSACEnvRunner(RaylabEnvRunner):
             state = ray.get(weights) if isinstance(weights, ray.ObjectRef) else weights
             self.module.set_state(state)
             self._weights_version = version
-        if self._obs is None:
-            seed = (self.config.seed or 0) * 100_003 + self.worker_index * self.num_envs
-            self._obs, _ = self._venv.reset(seed=seed)
-        n, steps = self.num_envs, int(num_steps)
-        obs_buf, act_buf, rew_buf, next_buf, term_buf, valid_buf = [], [], [], [], [], []
-        episodes = 0
-        for t in range(steps):
-            obs = np.asarray(self._obs, dtype=np.float32)
-            t0 = time.perf_counter()
-            if random_steps_left > t * n:
-                action = self._rng.uniform(-1.0, 1.0, size=(n, self._low.shape[0])).astype(np.float32)
-            else:
-                with torch.no_grad():
-                    out = self.module.forward_exploration({Columns.OBS: torch.from_numpy(obs)})
-                    dist = self._dist_cls.from_logits(out[Columns.ACTION_DIST_INPUTS])
-                    action = dist.sample().numpy().astype(np.float32)
-            t1 = time.perf_counter()
-            # The policy acts in [-1, 1]; the env gets its own bounds (RLlib's normalize_actions).
-            env_action = np.clip(self._low + (action + 1.0) * 0.5 * (self._high - self._low), self._low, self._high)
-            next_obs, reward, terminated, truncated, _ = self._venv.step(env_action)
-            t2 = time.perf_counter()
-            # NEXT_STEP autoreset: an env that finished last step was reset by this call; its
-            # output is the first observation of a new episode, not a transition.
-            valid = ~self._prev_done
-            obs_buf.append(obs)
-            act_buf.append(action)
-            rew_buf.append(np.asarray(reward, dtype=np.float32))
-            next_buf.append(np.asarray(next_obs, dtype=np.float32))
-            term_buf.append(np.asarray(terminated, dtype=np.float32))
-            valid_buf.append(valid)
-            self._ep_return[valid] += reward[valid]
-            self._ep_len[valid] += 1
-            done = np.logical_or(terminated, truncated) & valid
-            for i in np.flatnonzero(done):
-                self._log_episode_metrics(int(self._ep_len[i]), float(self._ep_return[i]), 0.0)
-                tracker.scalar(**{S.EPISODE_TIMEOUT_RATE: float(bool(truncated[i]) and not terminated[i])})
-                self._ep_return[i] = 0.0
-                self._ep_len[i] = 0
-                episodes += 1
-            self._prev_done = np.logical_or(terminated, truncated)
-            self._obs = next_obs
-            tracker.scalar(
-                **{
-                    S.PERF_COLLECTOR_MLP_INFER_MS: (t1 - t0) * 1000.0,
-                    S.PERF_COLLECTOR_ENV_STEP_MS: (t2 - t1) * 1000.0,
-                }
-            )
+        if self._loop.needs_reset:
+            self._loop.reset(seed=(self.config.seed or 0) * 100_003 + self.worker_index * self.num_envs)
+        n = self.num_envs
+        frag = self._loop.run(
+            self.module.forward_exploration,
+            self._dist_cls,
+            steps=int(num_steps),
+            with_logp=False,
+            random_action=lambda k: self._rng.uniform(-1.0, 1.0, size=(k, self._act_dim)).astype(np.float32),
+            random_steps=-(-int(random_steps_left) // n),  # vector steps still owed random actions
+        )
+        for _, length, ret, truncated in frag.episodes:
+            self._log_episode_metrics(length, ret, 0.0)
+            tracker.scalar(**{S.EPISODE_TIMEOUT_RATE: 1.0 if truncated else 0.0})
         t3 = time.perf_counter()
-        valid = np.concatenate(valid_buf)
+        # Transitions, flat: (obs[t], actions[t], rewards[t], obs[t + 1]) where valid; NEXT_STEP
+        # autoreset makes obs[t + 1] the final observation of an episode that ended at t.
+        valid = frag.valid.reshape(-1)
         arrays = {
-            "obs": np.concatenate(obs_buf)[valid],
-            "actions": np.concatenate(act_buf)[valid],
-            "rewards": np.concatenate(rew_buf)[valid],
-            "next_obs": np.concatenate(next_buf)[valid],
-            "terminateds": np.concatenate(term_buf)[valid],
+            "obs": frag.obs[:-1].reshape((-1,) + frag.obs.shape[2:])[valid].astype(np.float32, copy=False),
+            "actions": frag.actions.reshape((-1,) + frag.actions.shape[2:])[valid],
+            "rewards": frag.rewards.reshape(-1)[valid].astype(np.float32),
+            "next_obs": frag.obs[1:].reshape((-1,) + frag.obs.shape[2:])[valid].astype(np.float32, copy=False),
+            "terminateds": frag.terminated.reshape(-1)[valid].astype(np.float32),
         }
         count = int(valid.sum())
         shards = [
@@ -194,7 +160,7 @@ class RaylabSACEnvRunner(RaylabEnvRunner):
             }
         )
         self.num_env_steps_sampled_lifetime += count
-        self._increase_sampled_metrics(count, episodes)
+        self._increase_sampled_metrics(count, len(frag.episodes))
         from raylab.algorithms.callbacks import record_env_log
 
         record_env_log(self, self.metrics)
@@ -291,6 +257,8 @@ class RaylabSACLearner(SACTorchLearner):
                     self._make_replay(batch)
                 n = self._replay.add(batch)
                 if self._device.type == "cuda":
+                    # Once per ingest (one EnvRunner result), not per update: the rows count
+                    # as sampleable only once their host-to-device copies have landed.
                     torch.cuda.current_stream(self._device).synchronize()
         with self._cond:
             self._ingested += n
@@ -357,8 +325,9 @@ class RaylabSACLearner(SACTorchLearner):
                     if batch is None:  # first update: nothing was prefetched yet
                         with self._replay_lock:
                             batch = self._replay.sample()
-                    if self._device.type == "cuda":
-                        torch.cuda.current_stream(self._device).synchronize()
+                    # No host synchronisation per update: the prefetch, the update and the
+                    # next prefetch are queued on the same CUDA stream, which orders them. (On a
+                    # GPU the phase timers therefore measure the host side of each phase.)
                 current = batch
                 with tl.phase(S.PERF_LEARNER_REPLAY_SAMPLE_MS):
                     # Prefetch the next batch into the spare buffers while this one trains.

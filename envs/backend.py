@@ -71,8 +71,12 @@ def thread_limit() -> int:
     return min(MAX_THREADS, os.cpu_count() or 1)
 
 
-def check_num_threads(num_threads: int, allow_overcommit: bool = False) -> int:
-    """Validate a thread count; above the limit only with ``allow_overcommit=True``."""
+def check_num_threads(num_threads, allow_overcommit: bool = False) -> int:
+    """Validate a thread count; above the limit only with ``allow_overcommit=True``.
+    ``"auto"``: the limit itself (every core this machine has, up to 8). Results never depend
+    on the thread count (env i always runs on thread i mod T)."""
+    if num_threads == "auto":
+        return thread_limit()
     if isinstance(num_threads, bool) or not isinstance(num_threads, (int, np.integer)):
         raise ValueError(f"num_threads must be an integer, got {num_threads!r}")
     num_threads = int(num_threads)

@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 from raylab.errors import UserError
 
 RESULT_SCHEMA = "raylab.bench/1"
-KINDS = ("env_sweep", "env_sustained", "compare", "train")
+KINDS = ("env_sweep", "env_sustained", "compare", "train", "sampler")
 
 DRIFT_LIMIT = 0.10
 TREND_LIMIT = 0.04
@@ -332,6 +332,7 @@ _BODY = {
     "env_sustained": ("windows", ("window", "env_steps_per_s")),
     "compare": ("rows", ("workers", "backend", "env_steps_per_s")),
     "train": ("runs", ("contender", "env_steps_per_s", "updates_per_s")),
+    "sampler": ("rows", ("contender", "round", "env_steps_per_s")),
 }  # fmt: skip
 VERDICTS = ("stable", "trending", "unstable", "unchecked")
 

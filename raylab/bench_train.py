@@ -13,9 +13,11 @@ first gradient update), then for a fixed budget of ``--seconds`` and reads:
 
 Contenders, alternated run by run (order reversed every other round):
 
-- ``batched``:  raylab's default path, the batched env (``vector_entry_point``);
-- ``gym_sync``: the same algorithm and config, the env created as Gymnasium's SyncVectorEnv of
-  the reference env (``.env_runners(gym_env_vectorize_mode="sync")``, bench only);
+- ``batched``:  raylab's default path, the batched env (``vector_entry_point``) sampled by
+  raylab's rollout loop (PPO / APPO: ``RaylabFastEnvRunner``; SAC: its transition loop);
+- ``gym_sync``: stock RLlib: the same algorithm and config, the env created as Gymnasium's
+  SyncVectorEnv of the reference env (``.env_runners(gym_env_vectorize_mode="sync")``, bench
+  only) and, for PPO / APPO, sampled by RLlib's own EnvRunner loop;
 - SAC only: ``stock_sac``, RLlib's own ``SACConfig`` (its default module, replay buffer and
   training step) with the same hyperparameters and replay ratio, on the batched env; and
   ``torch_limit``, a plain-torch SAC update of the same network and batch size timed in this
@@ -162,6 +164,11 @@ def algorithm_config(contender: str, cfg):
         config = build_algorithm_config(cfg, num_gpus_per_learner=0.0)
         if contender == "gym_sync":
             config = config.env_runners(gym_env_vectorize_mode="sync")
+            if cfg.algo.name != "sac":
+                # Stock RLlib: its own EnvRunner loop, never raylab's rollout loop.
+                from raylab.algorithms.env_runner import RaylabEnvRunner
+
+                config = config.env_runners(env_runner_cls=RaylabEnvRunner)
         return config
     if contender == "stock_sac":
         return stock_sac_config(cfg)
@@ -368,6 +375,7 @@ def run_train_bench(
     vary: Optional[str] = None,
     command: str = "",
 ) -> Dict[str, Any]:
+    from raylab.algorithms.build import physics_threads
     from raylab.envs.tasks import TASKS
 
     cfg = compose_cfg(algo, task, overrides)
@@ -395,13 +403,13 @@ def run_train_bench(
     params = dict(algo=algo, task=task, overrides=list(overrides), seconds=seconds, warmup_s=warmup,
                   rounds=rounds, contenders=contenders, torch_limit_s=torch_limit_s,
                   ref_seconds=ref_seconds, num_envs=cfg.env.num_envs,
-                  num_threads=cfg.env.num_threads, num_env_runners=cfg.resources.num_env_runners,
+                  num_threads=physics_threads(cfg), num_env_runners=cfg.resources.num_env_runners,
                   num_learners=cfg.resources.num_learners, hidden=list(cfg.algo.hidden),
                   vary=variants)  # fmt: skip
     if algo == "sac":
         params["stock_sac_training_intensity"] = stock_sac_training_intensity(cfg)
     rc = cfg.resources
-    check = C.machine_check(1 + rc.num_env_runners * cfg.env.num_threads + max(1, rc.num_learners))
+    check = C.machine_check(1 + rc.num_env_runners * physics_threads(cfg) + max(1, rc.num_learners))
     C.print_check(check)
     result = C.new_result("train", command, params, check)
 
@@ -554,6 +562,105 @@ def _summarise(runs: List[Dict[str, Any]], contenders: Sequence[str], algo: str,
     return out
 
 
+# ------------------------------------------------------------------------- sampler only
+
+SAMPLER_CONTENDERS = ("fast", "rllib", "env")
+GOAL_SAMPLER_OVER_ENV = 0.85
+
+
+def run_sampler_bench(algo: str, task: str, overrides: Sequence[str], seconds: float,
+                      rounds: int, command: str = "") -> Dict[str, Any]:  # fmt: skip
+    """EnvRunner sampling without a learner, in this process, alternating windows of:
+
+    - ``fast``: raylab's EnvRunner (``RaylabFastEnvRunner``): policy forward, action sampling
+      and the batched env, ``sample()`` of one rollout fragment per call;
+    - ``rllib``: RLlib's own EnvRunner loop (``RaylabEnvRunner``) on the same batched env and
+      module;
+    - ``env``: the batched env alone with uniform random actions (no policy): the ceiling.
+
+    All at the same N envs and physics threads (``env.num_threads``, auto by default). Rates are
+    env steps (transitions) per wall second; ratios are taken per round (adjacent windows)."""
+    from raylab.algorithms.build import build_algorithm_config, env_options, physics_threads
+    from raylab.algorithms.env_runner import RaylabEnvRunner, RaylabFastEnvRunner
+    from raylab.bench_env import make_batched
+    from raylab.envs.tasks import TASKS
+
+    if algo not in ("ppo", "appo"):
+        raise UserError(f"--sampler measures the PPO / APPO EnvRunners; got --algo {algo}")
+    if task not in TASKS:
+        raise UserError(choices_hint(task, list(TASKS), "task") + " (--sampler needs a raylab task)")
+    cfg = compose_cfg(algo, task, overrides)
+    n, threads = int(cfg.env.num_envs), physics_threads(cfg)
+    frag = int(cfg.algo.rollout_fragment_length) if algo == "appo" else 32
+    config = build_algorithm_config(cfg).env_runners(rollout_fragment_length=frag)
+    check = C.machine_check(threads)  # this process alone: the runner's or the env's threads
+    C.print_check(check)
+    params = dict(algo=algo, task=task, overrides=list(overrides), seconds=seconds, rounds=rounds,
+                  num_envs=n, num_threads=threads, rollout_fragment_length=frag,
+                  contenders=list(SAMPLER_CONTENDERS))  # fmt: skip
+    result = C.new_result("sampler", command, params, check)
+    options = {k: v for k, v in env_options(cfg).items() if k not in ("num_threads", "allow_overcommit")}
+    runners = {"fast": RaylabFastEnvRunner(config=config, worker_index=1),
+               "rllib": RaylabEnvRunner(config=config, worker_index=1)}  # fmt: skip
+    env = make_batched(task, n, threads, 0, options)
+    counted = {"steps": 0}
+
+    def sampler(runner):
+        def step():
+            counted["steps"] += sum(len(e) for e in runner.sample(num_timesteps=frag * n))
+        return step
+
+    rows = []
+    try:
+        for runner in runners.values():
+            runner.sample(num_timesteps=frag * n)  # warm-up: first reset, first forward
+        env.window(0.5)
+        for r in range(rounds):
+            order = SAMPLER_CONTENDERS if r % 2 == 0 else SAMPLER_CONTENDERS[::-1]
+            for name in order:
+                if name == "env":
+                    w = env.window(seconds)
+                    rate, cpu_rate = w["rate"], w["cpu_rate"]
+                else:
+                    counted["steps"] = 0
+                    w = C.run_window(sampler(runners[name]), seconds, 1)
+                    rate = counted["steps"] / w["wall_s"]
+                    cpu_rate = counted["steps"] / w["cpu_s"] if w["cpu_s"] > 0 else float("nan")
+                rows.append({"contender": name, "round": r, "env_steps_per_s": rate,
+                             "env_steps_per_cpu_s": cpu_rate, "wall_s": w["wall_s"]})  # fmt: skip
+                _say(f"  round {r}  {name:<6} {rate:,.0f} env-steps/s ({cpu_rate:,.0f} per CPU-s)")
+    finally:
+        env.close()
+        for runner in runners.values():
+            runner.stop()
+    result["rows"] = rows
+    by = lambda name, r: next(x["env_steps_per_s"] for x in rows if x["contender"] == name and x["round"] == r)  # noqa: E731
+    ratios = {}
+    for a, b in (("fast", "env"), ("fast", "rllib"), ("rllib", "env")):
+        per = [by(a, r) / by(b, r) for r in range(rounds)]
+        ratios[f"{a}_over_{b}"] = float(np.median(per))
+        ratios[f"{a}_over_{b}_per_round"] = per
+    result["ratios"] = ratios
+    result["goals"] = {"fast_ge_0.85x_env": ratios["fast_over_env"] >= GOAL_SAMPLER_OVER_ENV}
+    # The env-alone windows are the reference: their spread says how steady the machine was.
+    guard_info = C.guard([by("env", r) for r in range(rounds)])
+    return C.finish_result(result, guard_info["verdict"], guard_info)
+
+
+def print_sampler(res: Dict[str, Any]) -> None:
+    for k, v in res["ratios"].items():
+        if not k.endswith("_per_round"):
+            per = ", ".join(f"{x:.2f}" for x in res["ratios"][k + "_per_round"])
+            print(f"{k}: {v:.2f} (rounds: {per})")
+    for k, v in res["goals"].items():
+        print(f"goal {k}: {'met' if v else 'NOT met'}")
+    p = res["params"]
+    print(f"N = {p['num_envs']}, T = {p['num_threads']}, fragment {p['rollout_fragment_length']}; "
+          f"verdict: {res['verdict']}; load average before "
+          f"{res['machine_check']['loadavg'][0]:.2f}, after {res['loadavg_after'][0]:.2f}, "
+          f"{res['machine']['usable_cores']} core(s)")  # fmt: skip
+
+
 # -------------------------------------------------------------------------------- CLI
 
 
@@ -597,7 +704,14 @@ def parser():
                    help="run each side once per value of one config key, alternating, and "
                    "report each value's rates against the first (e.g. training.iteration_s=1,5); "
                    "no stock SAC or torch limit then")
-    p.add_argument("--out", default=None, help="result JSON; None: runs/bench/train_<algo>.json")
+    p.add_argument("--sampler", action="store_true",
+                   help="PPO / APPO: measure EnvRunner sampling alone (no learner, no Ray) in "
+                   "alternating windows: raylab's EnvRunner, RLlib's EnvRunner loop, and the "
+                   "batched env with random actions, at the same envs and threads (--seconds "
+                   "per window; --rounds)")
+    p.add_argument("--out", default=None,
+                   help="result JSON; None: runs/bench/train_<algo>.json (--sampler: "
+                   "runs/bench/sampler_<algo>.json)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="raylab config overrides for every run, e.g. env.num_envs=32")
     return p
@@ -607,6 +721,13 @@ def main(argv: Sequence[str]) -> int:
     args = parser().parse_args(list(argv))
     command = C.command_line("raylab bench train", argv)
     print(command, flush=True)
+    if args.sampler:
+        res = run_sampler_bench(args.algo, args.task, args.overrides, args.seconds, args.rounds,
+                                command=command)  # fmt: skip
+        print_sampler(res)
+        path = C.save_result(res, args.out or f"runs/bench/sampler_{args.algo}.json")
+        print(f"wrote {path}")
+        return 0
     res = run_train_bench(
         algo=args.algo, task=args.task, overrides=args.overrides, seconds=args.seconds,
         warmup=args.warmup, rounds=args.rounds, sides=args.sides, stock_sac=not args.no_stock_sac,

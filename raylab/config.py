@@ -63,6 +63,12 @@ class TrainingConfig:
     terminal: str = _f(
         "auto", "live panel (TTY), plain progress lines, or nothing", ("auto", "live", "plain", "off")
     )
+    fast_sampler: Optional[bool] = _f(
+        None,
+        "PPO / APPO sample raylab tasks with raylab's rollout loop (one forward pass and one env "
+        "step per vector step, episodes built once per fragment); false: RLlib's own EnvRunner "
+        "loop; null: on for raylab tasks, off for Gymnasium ids (which it does not support)",
+    )
     trace_enabled: bool = _f(False, "write a Perfetto / Chrome trace of learner and collector phases")
     trace_output_dir: Optional[str] = _f(None, "trace folder; default <run_dir>/traces")
     trace_thread_time: bool = _f(False, "add thread CPU time to trace events")
@@ -224,6 +230,8 @@ def compose(
             cfg = OmegaConf.merge(cfg, {layer_name: layer})
     cfg = OmegaConf.merge(cfg, _parse_overrides(cfg, overrides))
     _check_choices(cfg)
+    _check_num_threads(cfg)
+    _check_fast_sampler(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
 
@@ -322,6 +330,27 @@ def _check_choices(cfg: DictConfig) -> None:
             raise UserError(
                 f"bad value {key}={value}: valid choices: {', '.join(map(str, choices))}"
             )
+
+
+def _check_num_threads(cfg: DictConfig) -> None:
+    value = str(cfg.env.num_threads)
+    if value != "auto" and not (value.isdigit() and int(value) >= 1):
+        raise UserError(f"bad value env.num_threads={value}: a positive integer or auto")
+
+
+def _check_fast_sampler(cfg: DictConfig) -> None:
+    want = cfg.training.fast_sampler
+    if want is False and cfg.algo.name == "sac":
+        raise UserError(
+            "training.fast_sampler=false: SAC always samples with raylab's rollout loop "
+            "(its learner-owned replay needs flat transitions); use training.fast_sampler=null"
+        )
+    if want and cfg.task not in TASKS:
+        raise UserError(
+            f"training.fast_sampler=true needs a raylab task ({', '.join(TASKS)}); "
+            f"'{cfg.task}' is a Gymnasium id, which RLlib's EnvRunner samples: use "
+            "training.fast_sampler=null or false"
+        )
 
 
 def _field_meta(cfg: DictConfig, prefix: str = "") -> Iterator[Tuple[str, dict]]:

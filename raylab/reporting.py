@@ -212,7 +212,8 @@ class RaylabTuneCallback(tune.Callback):
             env_runners=runners,
             learners=runtime["learners"],
             envs_per_runner=int(config["env"]["num_envs"]),
-            threads_per_runner=int(config["env"].get("num_threads", 1)),
+            # the physics threads each EnvRunner's env really runs (env.num_threads may be auto)
+            threads_per_runner=int(runners[0].get("num_threads", 1)) if runners else 1,
             sim_backend=config.get("sim", "mujoco"),
             sim_backend_device=None,  # MuJoCo on the CPU: no accelerator binding
             counters={"env_runner_restarts": float(runtime.get("restarts", 0))},

@@ -229,9 +229,17 @@ def train(algo: str, task: str, sim: str, overrides, resume: Optional[str] = Non
         run_dir = resolve_run_dir(cfg)
         RunDirectory(run_dir).write_config(to_dict(cfg))
     _say(f"run directory: {run_dir}")
+    from raylab.algorithms.build import physics_threads
+    from raylab.envs.tasks import TASKS
+
+    threads = ""
+    if cfg.task in TASKS:
+        n = physics_threads(cfg)
+        auto = " (env.num_threads=auto)" if str(cfg.env.num_threads) == "auto" else ""
+        threads = f" on {n} physics thread(s){auto}"
     _say(
         f"{cfg.algo.name} on {cfg.task} ({cfg.sim}): {cfg.resources.num_env_runners} EnvRunner(s)"
-        f" x {cfg.env.num_envs} envs, {max(1, cfg.resources.num_learners)} Learner(s); budget "
+        f" x {cfg.env.num_envs} envs{threads}, {max(1, cfg.resources.num_learners)} Learner(s); budget "
         f"{cfg.training.total_steps:,} env steps / "
         f"{cfg.training.time_budget_s if cfg.training.time_budget_s is not None else 'no'} s"
     )

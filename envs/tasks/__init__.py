@@ -27,7 +27,13 @@ class EnvConfig:
 
     gym_id: str = _f(MISSING, "Gymnasium id the task is registered under (set by --task)")
     num_envs: int = _f(16, "envs stepped by each EnvRunner (one batched vector env)")
-    num_threads: int = _f(1, "physics threads per EnvRunner (raylab tasks only)")
+    num_threads: str = _f(
+        "auto",
+        "physics threads per EnvRunner (raylab tasks only): a number, or auto = the CPUs the "
+        "EnvRunner may use (on a cluster its reservation, resources.num_cpus_per_env_runner; "
+        "with an in-process Ray the machine's cores shared among the EnvRunners, less the "
+        "Learners' for SAC, whose learner never waits); results do not depend on it",
+    )
     kwargs: Dict[str, Any] = _f(help="extra keyword arguments for gymnasium.make", factory=dict)
 
 

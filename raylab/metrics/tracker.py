@@ -276,6 +276,16 @@ class StatsTracker:
                     raise ValueError(f"scalar '{name}' has {arr.size} elements; use stat()")
                 self._record(self._key(name), ReduceType.SCALAR, arr.reshape(1))
 
+    def scalar_series(self, **values) -> None:
+        """Record a series of single numbers per key at once: the same statistics as one
+        :meth:`scalar` call per element (a loop that times every step records its timings
+        once per fragment this way)."""
+        with self._lock:
+            for name, value in values.items():
+                arr = _to_numpy(value, np.float64).reshape(-1)
+                if arr.size:
+                    self._record(self._key(name), ReduceType.SCALAR, arr)
+
     def denominator(self, **masks) -> None:
         """Register boolean masks that later :meth:`stat` calls refer to by name.
 

@@ -41,10 +41,13 @@ class RaylabEnvRunner(SingleAgentEnvRunner):
 
 
 def one_torch_thread() -> None:
-    """Inference on a batch of a few dozen observations gains nothing from intra-op threads, and
-    their OpenMP workers keep spinning after each forward pass on the cores the physics threads
-    need: on 2 cores, sampling ran at 5,200 env steps/s with torch's default 2 threads and at
-    9,500 with 1 (32 envs, 2 physics threads)."""
+    """One intra-op torch thread in a sampling process. Inference on a batch of a few dozen
+    observations gains nothing from more, and their OpenMP workers keep spinning after each
+    forward pass on the cores the physics threads need: in one process on 2 cores, sampling ran
+    at 5,200 env steps/s with torch's default 2 threads and at 9,500 with 1 (32 envs, 2 physics
+    threads). Ray already sets OMP_NUM_THREADS to a worker's CPUs (1 for a default EnvRunner);
+    this also holds where it does not (an in-process EnvRunner, an EnvRunner that reserves
+    several CPUs for its physics threads)."""
     torch.set_num_threads(1)
 
 

@@ -59,29 +59,33 @@ if [ "$what" = all ] || [ "$what" = env ]; then
 fi
 
 if [ "$what" = all ] || [ "$what" = train ]; then
-    # 6. End to end, default training configs (what `raylab train` runs), batched env vs RLlib
-    #    on Gymnasium's SyncVectorEnv of the reference env, alternating runs.
+    # 6. End to end, default training configs (what `raylab train` runs: raylab's rollout loop
+    #    on the batched env, env.num_threads=auto) against stock RLlib (its own EnvRunner loop
+    #    on Gymnasium's SyncVectorEnv of the reference env), alternating runs.
     $RAYLAB bench train --algo appo --seconds 45 --warmup 15 --rounds 2 --out "$RES/train_appo.json"
+    $RAYLAB bench train --algo ppo --seconds 45 --warmup 15 --rounds 2 --out "$RES/train_ppo.json"
     # 7. SAC: also stock RLlib SAC (same hyperparameters, one update per env step) and the
     #    plain-torch update limit.
     $RAYLAB bench train --algo sac --seconds 45 --warmup 15 --rounds 1 --out "$RES/train_sac.json"
-    $RAYLAB bench train --algo ppo --seconds 45 --warmup 15 --rounds 1 --out "$RES/train_ppo.json"
-
-    #    The same with two physics threads in the batched env (SyncVectorEnv has none).
-    $RAYLAB bench train --algo appo --seconds 45 --warmup 15 --rounds 1 \
-        --out "$RES/train_appo_threads2.json" env.num_threads=2
-    # 8. What the live panel's short iterations cost: APPO at training.iteration_s=1 (the
+    # 8. The rollout loop alone: raylab's EnvRunner against RLlib's EnvRunner loop on the same
+    #    batched env, on the batched env with random actions (no policy: the ceiling), and end to
+    #    end with the loop switched off (training.fast_sampler=false) on the batched env.
+    $RAYLAB bench train --algo appo --sampler --seconds 10 --rounds 3 --out "$RES/sampler_appo.json"
+    $RAYLAB bench train --algo ppo --sampler --seconds 10 --rounds 3 --out "$RES/sampler_ppo.json"
+    $RAYLAB bench train --algo appo --sides batched --vary training.fast_sampler=true,false \
+        --seconds 45 --warmup 15 --rounds 1 --out "$RES/train_appo_fast_sampler.json"
+    # 9. What the live panel's short iterations cost: APPO at training.iteration_s=1 (the
     #    default) against 5, batched env, alternating runs.
     $RAYLAB bench train --algo appo --sides batched --vary training.iteration_s=1,5 --seconds 45 \
         --warmup 15 --rounds 2 --out "$RES/train_appo_iteration_s.json"
 
-    for a in appo appo_threads2 sac ppo appo_iteration_s; do
+    for a in appo sac ppo appo_fast_sampler appo_iteration_s; do
         $RAYLAB bench plot "$RES/train_$a.json" --out "$PLOTS/train_$a.png"
     done
 fi
 
 if [ "$what" = learn ]; then
-    # 9. Not part of `all` (stock RLlib SAC needs 10-15 minutes here): env steps until SAC's
+    # 10. Not part of `all` (stock RLlib SAC needs 10-15 minutes here): env steps until SAC's
     #    mean return on Pendulum reaches -250, raylab SAC against stock RLlib SAC, same
     #    hyperparameters, one env per runner.
     ${PYTHON:-python} benchmarks/sac_sample_efficiency.py --task Pendulum-v1 --threshold -250 \

@@ -124,6 +124,19 @@ def plot_result(res: Dict[str, Any], out: Path, bare: Optional[Dict[str, Any]] =
         if runs:
             b.legend(fontsize=6)
         fig.suptitle(_title(res, f"train {p['algo']} on {p['task']}"), fontsize=8)
+    elif kind == "sampler":
+        fig, a = plt.subplots(figsize=(7.5, 3.2))
+        for name in p["contenders"]:
+            rows = [r for r in res["rows"] if r["contender"] == name]
+            a.plot([r["round"] for r in rows], [r["env_steps_per_s"] for r in rows], "o-", label=name)
+        a.set_xlabel("round (windows alternate; order reversed every other round)")
+        a.set_xticks(range(p["rounds"]))
+        a.set_ylabel("env-steps/s")
+        a.set_ylim(bottom=0)
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
+        fig.suptitle(_title(res, f"{p['algo']} EnvRunner sampling on {p['task']}, N={p['num_envs']} "
+                                 f"T={p['num_threads']}"), fontsize=8)  # fmt: skip
     else:  # validate_result already refused other kinds
         raise UserError(f"cannot plot a result of kind {kind!r}")
     fig.tight_layout()

@@ -360,6 +360,24 @@ def test_train_smoke(tmp_path, algo):
     assert run_cli("bench", "plot", str(out)).returncode == 0
 
 
+def test_sampler_smoke_alternates_the_three_contenders(tmp_path):
+    out = tmp_path / "sampler.json"
+    r = run_cli("bench", "train", "--algo", "appo", "--sampler", "--seconds", "0.3", "--rounds", "2",
+                "--out", str(out), "env.num_envs=4", "algo.hidden=[32,32]", timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = _load(out)
+    assert res["kind"] == "sampler" and res["command"].startswith("raylab bench train")
+    assert [x["contender"] for x in res["rows"]] == ["fast", "rllib", "env", "env", "rllib", "fast"]
+    assert all(x["env_steps_per_s"] > 0 for x in res["rows"])
+    for key in ("fast_over_env", "fast_over_rllib", "rllib_over_env"):
+        assert math.isfinite(res["ratios"][key]) and len(res["ratios"][key + "_per_round"]) == 2
+    assert set(res["goals"]) == {"fast_ge_0.85x_env"}
+    assert "fast_over_env" in r.stdout
+    assert run_cli("bench", "plot", str(out)).returncode == 0
+    bad = run_cli("bench", "train", "--algo", "sac", "--sampler", "--out", str(out))
+    assert bad.returncode == 2 and "--sampler measures the PPO / APPO EnvRunners" in bad.stderr
+
+
 @pytest.mark.slow
 def test_train_vary_runs_each_value_of_one_key_alternating(tmp_path):
     out = tmp_path / "train_vary.json"

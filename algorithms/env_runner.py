@@ -96,7 +96,9 @@ class RaylabFastEnvRunner(RaylabEnvRunner):
             min_transitions=max(1, int(num_timesteps)),
         )
         steps = frag.num_steps
+        t_extract = time.perf_counter()
         samples = self._chunks(frag)
+        tracker.scalar(**{S.PERF_COLLECTOR_TRANSITION_EXTRACT_MS: (time.perf_counter() - t_extract) * 1000.0})
         now = time.perf_counter()
         for env_index, length, ret, truncated in frag.episodes:
             self._log_episode_metrics(length, ret, now - self._ep_start[env_index])

@@ -137,7 +137,7 @@ class RaylabSACEnvRunner(RaylabEnvRunner):
         for _, length, ret, truncated in frag.episodes:
             self._log_episode_metrics(length, ret, 0.0)
             tracker.scalar(**{S.EPISODE_TIMEOUT_RATE: 1.0 if truncated else 0.0})
-        t3 = time.perf_counter()
+        t_extract = time.perf_counter()
         # Transitions, flat: (obs[t], actions[t], rewards[t], obs[t + 1]) where valid; NEXT_STEP
         # autoreset makes obs[t + 1] the final observation of an episode that ended at t.
         valid = frag.valid.reshape(-1)
@@ -149,12 +149,14 @@ class RaylabSACEnvRunner(RaylabEnvRunner):
             "terminateds": frag.terminated.reshape(-1)[valid].astype(np.float32),
         }
         count = int(valid.sum())
+        t3 = time.perf_counter()
         shards = [
             ray.put({k: v[i::num_shards] for k, v in arrays.items()}) for i in range(num_shards)
         ]
         t4 = time.perf_counter()
         tracker.scalar(
             **{
+                S.PERF_COLLECTOR_TRANSITION_EXTRACT_MS: (t3 - t_extract) * 1000.0,
                 S.PERF_COLLECTOR_REPLAY_WRITE_MS: (t4 - t3) * 1000.0,
                 S.PERF_COLLECTION_TIME: t4 - t_start,
             }

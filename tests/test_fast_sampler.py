@@ -86,7 +86,8 @@ def test_fast_path_logs_the_same_episode_metrics_and_collector_phases():
     from raylab.metrics.tracker import drop_counts, merge_exports
 
     merged = drop_counts(merge_exports(mf["raylab"]["collector"].peek()))
-    for tag in (S.PERF_COLLECTOR_MLP_INFER_MS, S.PERF_COLLECTOR_ENV_STEP_MS, S.PERF_COLLECTION_TIME):
+    for tag in (S.PERF_COLLECTOR_MLP_INFER_MS, S.PERF_COLLECTOR_ENV_STEP_MS, S.PERF_COLLECTION_TIME,
+                S.PERF_COLLECTOR_TRANSITION_EXTRACT_MS):
         assert merged[f"collector/{tag}"] > 0, tag
     assert merged[f"collector/{S.EPISODE_TIMEOUT_RATE}"] == 1.0
     fast.stop(), stock.stop()

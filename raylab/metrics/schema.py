@@ -303,10 +303,12 @@ _SPECS: Tuple[MetricSpec, ...] = (
           "EnvRunner)", kind="collector"),
     _spec(PERF_COLLECTOR_ENV_STEP_MS, "collector", "ms", "mean", _ALL,
           "One batched env.step() call on an EnvRunner", kind="collector"),
-    _spec(PERF_COLLECTOR_TRANSITION_EXTRACT_MS, "collector", "ms", "mean", _SAC,
-          "Turning one env step's outputs into transitions / episode chunks", kind="collector"),
+    _spec(PERF_COLLECTOR_TRANSITION_EXTRACT_MS, "collector", "ms", "mean", _ALL,
+          "Turning a rollout fragment's arrays into episode chunks (PPO / APPO) or flat "
+          "transitions (SAC), once per fragment on raylab's rollout loop (not emitted on "
+          "RLlib's EnvRunner loop)", kind="collector"),
     _spec(PERF_COLLECTOR_REPLAY_WRITE_MS, "collector", "ms", "mean", _SAC,
-          "Transition post-processing, packing and the bounded write towards replay",
+          "Packing the transitions and their bounded write towards replay (object store put)",
           kind="collector"),
     _spec(PERF_COLLECTOR_METRICS_PUBLISH_MS, "collector", "ms", "mean", _SAC,
           "Publishing the collector's metrics", kind="collector"),

@@ -14,7 +14,7 @@ from typing import Any, Dict
 
 from omegaconf import DictConfig, OmegaConf
 
-from raylab.envs.backend import MAX_THREADS
+from raylab.envs.backend import MAX_THREADS, usable_cores
 
 from raylab.envs.tasks import TASKS
 from raylab.errors import UserError
@@ -43,13 +43,6 @@ def physics_threads(cfg: DictConfig) -> int:
             cores -= max(1, r.num_learners) * r.num_cpus_per_learner
         n = int(cores // max(1, r.num_env_runners))
     return max(1, min(n, MAX_THREADS, int(cfg.env.num_envs)))
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def env_options(cfg: DictConfig) -> Dict[str, Any]:

@@ -16,7 +16,7 @@ transitions for SAC) is done once per fragment from those arrays. The env autore
 NEXT_STEP (Gymnasium's default, what RLlib expects): the step after an episode ends resets that
 env and returns its first observation, which is not a transition (``valid`` is False there).
 
-Used by :class:`raylab.algorithms.env_runner.RaylabEnvRunner` (PPO, APPO: episode chunks for
+Used by :class:`raylab.algorithms.env_runner.RaylabFastEnvRunner` (PPO, APPO: episode chunks for
 RLlib's learner connectors) and :class:`raylab.algorithms.sac.RaylabSACEnvRunner` (SAC: flat
 transitions for the learner's replay).
 """
@@ -65,9 +65,9 @@ class RolloutLoop:
     """Steps one batched env with one RLModule and keeps the per-env episode state between
     fragments.
 
-    ``policy`` is the module's forward function for the mode (``forward_exploration`` or
-    ``forward_inference``); ``dist_cls`` its action distribution class (deterministic for
-    inference). ``tracker`` receives the canonical collector phases per step.
+    ``policy`` is the module's ``forward_exploration``; ``dist_cls`` its exploration action
+    distribution class. ``tracker`` receives the canonical collector phases of every step, once
+    per fragment.
     """
 
     def __init__(self, env, tracker=None):
@@ -116,14 +116,10 @@ class RolloutLoop:
         # two for reset steps; grown (rarely) if more resets land in the fragment.
         cap = int(steps) if steps is not None else -(-int(min_transitions) // n) + 2
         buf = _Buffers(cap, n, np.asarray(self.obs), self.low.shape, with_logp)
-        infer_ms = np.zeros(cap)
-        step_ms = np.zeros(cap)
         t, collected = 0, 0
         while (t < steps) if steps is not None else (collected < min_transitions):
             if t == buf.capacity:
                 buf.grow()
-                infer_ms = np.concatenate([infer_ms, np.zeros(buf.capacity - len(infer_ms))])
-                step_ms = np.concatenate([step_ms, np.zeros(buf.capacity - len(step_ms))])
             t0 = time.perf_counter()
             if t < random_steps or policy is None:
                 buf.actions[t] = random_action(n)
@@ -150,12 +146,12 @@ class RolloutLoop:
             buf.valid[t] = ~self.prev_done
             collected += n - int(self.prev_done.sum())
             self.prev_done = np.logical_or(term, trunc)
-            infer_ms[t] = (t1 - t0) * 1000.0
-            step_ms[t] = (t2 - t1) * 1000.0
+            buf.infer_ms[t] = (t1 - t0) * 1000.0
+            buf.step_ms[t] = (t2 - t1) * 1000.0
             t += 1
         if self.tracker is not None:  # per step, recorded once per fragment
             self.tracker.scalar_series(
-                **{S.PERF_COLLECTOR_MLP_INFER_MS: infer_ms[:t], S.PERF_COLLECTOR_ENV_STEP_MS: step_ms[:t]}
+                **{S.PERF_COLLECTOR_MLP_INFER_MS: buf.infer_ms[:t], S.PERF_COLLECTOR_ENV_STEP_MS: buf.step_ms[:t]}
             )
         self.obs = buf.obs[t]
         obs, actions, logp, dist_inputs, rewards, terminated, truncated, valid = buf.trimmed(t)
@@ -192,6 +188,8 @@ class _Buffers:
         self.terminated = np.empty((cap, n), dtype=bool)
         self.truncated = np.empty((cap, n), dtype=bool)
         self.valid = np.empty((cap, n), dtype=bool)
+        self.infer_ms = np.zeros(cap)  # per step: policy forward + sampling
+        self.step_ms = np.zeros(cap)  # per step: env.step
 
     def dist_inputs_row(self, t, row):
         if self.dist_inputs is None:
@@ -200,7 +198,8 @@ class _Buffers:
 
     def grow(self):
         extra = max(2, self.capacity // 4)
-        for name in ("obs", "actions", "logp", "dist_inputs", "rewards", "terminated", "truncated", "valid"):
+        for name in ("obs", "actions", "logp", "dist_inputs", "rewards", "terminated", "truncated",
+                     "valid", "infer_ms", "step_ms"):
             a = getattr(self, name)
             if a is not None:
                 setattr(self, name, np.concatenate([a, np.empty((extra,) + a.shape[1:], a.dtype)]))

@@ -66,6 +66,14 @@ def sensor_pass(m: mujoco.MjModel, d: mujoco.MjData) -> None:
     mujoco.mj_sensorAcc(m, d)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def thread_limit() -> int:
     """The default cap on physics threads: 8, or fewer when the machine has fewer cores."""
     return min(MAX_THREADS, os.cpu_count() or 1)

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
+from raylab.envs.backend import usable_cores  # noqa: F401  (also this module's public name)
 from raylab.errors import UserError
 
 RESULT_SCHEMA = "raylab.bench/1"
@@ -170,13 +171,6 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def machine_info() -> Dict[str, Any]:

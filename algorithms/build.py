@@ -19,6 +19,8 @@ from raylab.envs.backend import MAX_THREADS, usable_cores
 from raylab.envs.tasks import TASKS
 from raylab.errors import UserError
 
+NEVER = 2**62  # an evaluation interval no run reaches
+
 # Fields of the env group that are raylab plumbing, not constructor options of the env.
 _ENV_PLUMBING = ("gym_id", "num_envs", "kwargs")
 
@@ -64,7 +66,7 @@ def env_id_for_runner(cfg: DictConfig) -> str:
     ``module:id`` makes Gymnasium import the module first, which registers raylab's tasks in
     the EnvRunner's own process (a fresh Ray worker has not imported raylab.envs).
     """
-    if cfg.task in TASKS:
+    if cfg.task in TASKS or cfg.env.gym_id.startswith("raylab/"):
         return f"raylab.envs:{cfg.env.gym_id}"
     return cfg.env.gym_id
 
@@ -92,7 +94,9 @@ def use_fast_sampler(cfg: DictConfig) -> bool:
 def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
     """The RLlib AlgorithmConfig for a composed raylab config."""
     from raylab.algorithms.callbacks import RaylabCallbacks
-    from raylab.algorithms.env_runner import RaylabEnvRunner, RaylabFastEnvRunner
+    from raylab.algorithms.env_runner import (
+        RaylabEnvRunner, RaylabEvalEnvRunner, RaylabFastEnvRunner,
+    )  # fmt: skip
 
     algo = cfg.algo
     builder = {"ppo": _ppo, "appo": _appo, "sac": _sac}[algo.name]
@@ -135,8 +139,10 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
         .callbacks(RaylabCallbacks)
         .reporting(
             min_time_s_per_iteration=cfg.training.iteration_s,
-            metrics_num_episodes_for_smoothing=100,
+            # raylab's reward window (raylab.algorithms.algorithm) takes its size from here.
+            metrics_num_episodes_for_smoothing=cfg.training.reward_window,
         )
+        .evaluation(**evaluation_options(cfg, RaylabEvalEnvRunner))
         .debugging(seed=cfg.training.seed, log_level="ERROR", log_sys_usage=False)
         .fault_tolerance(
             restart_failed_env_runners=True,
@@ -144,7 +150,30 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
             delay_between_env_runner_restarts_s=1.0,
         )
     )
+    config.raylab_eval_before_train = bool(cfg.training.eval_before_train)
+    config.raylab_eval_seed = int(cfg.training.eval_seed)
     return config
+
+
+def evaluation_options(cfg: DictConfig, runner_cls) -> Dict[str, Any]:
+    """RLlib's evaluation settings for ``training.eval_*``: ``eval_episodes`` episodes every
+    ``eval_every`` iterations, after the iteration's training, on the evaluation group's local
+    EnvRunner (in the algorithm's process, which waits for the evaluation anyway: no extra
+    actor or CPU reservation), without exploration."""
+    t = cfg.training
+    active = t.eval_every > 0 or t.eval_before_train
+    # RLlib creates the evaluation group only for an interval: evaluating just the initial
+    # policy takes one that never comes round.
+    interval = int(t.eval_every) or (NEVER if active else None)
+    return dict(
+        evaluation_interval=interval,
+        evaluation_duration=int(t.eval_episodes),
+        evaluation_duration_unit="episodes",
+        evaluation_num_env_runners=0,
+        evaluation_parallel_to_training=False,
+        evaluation_config={"explore": False, "env_runner_cls": runner_cls,
+                           "create_local_env_runner": True} if active else None,  # fmt: skip
+    )
 
 
 def _ppo(cfg: DictConfig):
@@ -153,7 +182,9 @@ def _ppo(cfg: DictConfig):
     from raylab.algorithms.learners import RaylabPPOLearner
 
     a = cfg.algo
-    return PPOConfig().training(
+    from raylab.algorithms.algorithm import RaylabPPO
+
+    return PPOConfig(algo_class=RaylabPPO).training(
         learner_class=RaylabPPOLearner,
         lr=a.lr,
         gamma=a.gamma,
@@ -178,7 +209,9 @@ def _appo(cfg: DictConfig):
     from raylab.algorithms.learners import RaylabAPPOLearner
 
     a = cfg.algo
-    config = APPOConfig().training(
+    from raylab.algorithms.algorithm import RaylabAPPO
+
+    config = APPOConfig(algo_class=RaylabAPPO).training(
         learner_class=RaylabAPPOLearner,
         lr=a.lr,
         gamma=a.gamma,

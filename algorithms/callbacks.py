@@ -1,4 +1,5 @@
-"""EnvRunner-side callbacks: task reward terms, termination counts and timeout rate.
+"""RLlib callbacks: the progress metrics of each result (algorithm side), and EnvRunner-side
+task reward terms, termination counts and timeout rate.
 
 They run inside the EnvRunner actors. Values go through the raylab stats tracker and reach the
 driver as partial states inside RLlib's result (see ``timeline.push_partial_state``).
@@ -19,15 +20,12 @@ class RaylabCallbacks(RLlibCallback):
     _runtime_key = None
 
     def on_train_result(self, *, algorithm, metrics_logger=None, result, **kwargs):
-        # The canonical progress metrics at the top of the result, for Tune schedulers and
-        # stoppers (they see the result before the driver maps it). NaN until an episode ends.
-        runners = result.get("env_runners", {})
-        for tag, key in (
-            (S.TRAIN_MEAN_REWARD, "episode_return_mean"),
-            (S.TRAIN_MEAN_EPISODE_LENGTH, "episode_len_mean"),
-        ):
-            value = runners.get(key)
-            result[tag] = float(value) if isinstance(value, (int, float)) else float("nan")
+        # The canonical progress metrics at the top of the result, for Tune's stopper and
+        # schedulers (they see the result before the driver maps it): the reward window and
+        # the best evaluation (raylab.algorithms.algorithm). NaN until an episode ends.
+        update = getattr(algorithm, "update_progress", None)
+        if update is not None:
+            update(result)
         # Attach actor placement for the runtime manifest on the first result and after any
         # EnvRunner restart (the driver's Tune callback turns it into the manifest).
         restarts = result.get("fault_tolerance", {}).get("num_remote_worker_restarts", 0)

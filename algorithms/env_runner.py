@@ -10,6 +10,11 @@
   pass, one action sample and one env step; the episode chunks RLlib's learner connectors expect
   are built once per fragment. Anything else (random actions, ``num_episodes``, inference) goes
   through RLlib's loop, after which the fast loop starts from a fresh reset.
+- :class:`RaylabEvalEnvRunner`: the EnvRunner of RLlib's evaluation group. RLlib schedules the
+  evaluation (``evaluation_interval``, ``evaluation_duration`` episodes) and syncs the weights;
+  the episodes are run by :func:`raylab.evaluate.run_policy_episodes`, the code ``raylab eval``
+  runs, on an env built like the training env: deterministic actions, episode k seeded
+  ``training.eval_seed + k``.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
+from raylab.algorithms.algorithm import EPISODES_KEY
 from raylab.algorithms.rollout import Fragment, RolloutLoop
-from raylab.algorithms.timeline import COLLECTOR_TRACKER
+from raylab.algorithms.timeline import COLLECTOR_TRACKER, EVAL_TRACKER, push_partial_state
 from raylab.metrics import schema as S
 from raylab.metrics import tracker as stats_tracker
 
@@ -34,6 +40,13 @@ from raylab.metrics import tracker as stats_tracker
 class RaylabEnvRunner(SingleAgentEnvRunner):
     def __repr__(self) -> str:
         return f"raylab-envrunner-{getattr(self, 'worker_index', 0)}"
+
+    def _log_episode_metrics(self, length, ret, sec):
+        # Every sampling path (RLlib's loop, raylab's rollout loop, SAC's transitions) reports
+        # each finished episode here: RLlib's windowed means, and the episode itself for the
+        # algorithm's reward window (raylab.algorithms.algorithm).
+        super()._log_episode_metrics(length, ret, sec)
+        self.metrics.log_value(EPISODES_KEY, (float(ret), int(length)), reduce="item_series")
 
     def batched_env(self):
         """The vector env itself, under RLlib's ``DictInfoToList`` wrapper."""
@@ -155,3 +168,53 @@ class RaylabFastEnvRunner(RaylabEnvRunner):
             t_started=int(self._chunk_t[i]),
             len_lookback_buffer=0,
         )
+
+
+class RaylabEvalEnvRunner(RaylabEnvRunner):
+    """Evaluation EnvRunner: ``sample(num_episodes=N)`` without exploration runs N episodes of
+    :func:`raylab.evaluate.run_policy_episodes` and reports their statistics as the ``Eval/*``
+    tags through the ``eval`` stats tracker (merged across evaluation EnvRunners by weight)."""
+
+    _eval_env = None
+
+    def __repr__(self) -> str:
+        return f"raylab-eval-envrunner-{getattr(self, 'worker_index', 0)}"
+
+    def sample(self, *, num_timesteps=None, num_episodes=None, explore=None,
+               random_actions=False, force_reset=False, **kwargs):  # fmt: skip
+        explore = self.config.explore if explore is None else explore
+        if num_episodes is None or explore or random_actions or self.module is None:
+            return super().sample(
+                num_timesteps=num_timesteps, num_episodes=num_episodes, explore=explore,
+                random_actions=random_actions, force_reset=force_reset, **kwargs,
+            )  # fmt: skip
+        from raylab.evaluate import (
+            MAX_EVAL_ENVS, deterministic_policy, eval_vec_env, run_policy_episodes,
+        )  # fmt: skip
+
+        n = int(min(num_episodes, MAX_EVAL_ENVS))
+        if self._eval_env is None or self._eval_env.num_envs != n:
+            if self._eval_env is not None:
+                self._eval_env.close()
+            mode = self.config.gym_env_vectorize_mode
+            batched = getattr(mode, "value", mode) == "vector_entry_point"
+            self._eval_env = eval_vec_env(self.config.env, self.config.env_config, n, batched)
+        self.module.eval()
+        space = self._eval_env.single_action_space
+        seed = int(getattr(self.config, "raylab_eval_seed", 0))
+        stats = run_policy_episodes(deterministic_policy(self.module, space), self._eval_env,
+                                    int(num_episodes), seed)  # fmt: skip
+        tracker = stats_tracker.get(EVAL_TRACKER)
+        tracker.scalar_series(**{S.EVAL_MEAN_REWARD: np.asarray(stats["returns"])})
+        tracker.scalar_series(**{S.EVAL_MEAN_EPISODE_LENGTH: np.asarray(stats["lengths"])})
+        if stats["survivals"] is not None:
+            tracker.scalar_series(**{S.EVAL_SURVIVAL: np.asarray(stats["survivals"])})
+        push_partial_state(self.metrics, EVAL_TRACKER)
+        return []
+
+    def stop(self):
+        if self._eval_env is not None:
+            self._eval_env.close()
+            self._eval_env = None
+        super().stop()
+

@@ -40,6 +40,8 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, LEARNER_RESULTS
 
+from raylab.algorithms.algorithm import RaylabAlgorithmMixin
+
 from raylab.algorithms.env_runner import RaylabEnvRunner, one_torch_thread
 from raylab.algorithms.replay import DeviceReplay
 from raylab.algorithms.rollout import RolloutLoop
@@ -456,7 +458,7 @@ class RaylabSACLearner(SACTorchLearner):
 # ------------------------------------------------------------------------ algorithm loop
 
 
-class RaylabSAC(SAC):
+class RaylabSAC(RaylabAlgorithmMixin, SAC):
     """SAC whose training step overlaps collection and learning (see the module docstring)."""
 
     def cleanup(self) -> None:

@@ -23,6 +23,7 @@ from raylab.metrics import tracker as stats_tracker
 RAYLAB_KEY = "raylab"
 LEARNER_TRACKER = "learner"  # in Learner actors
 COLLECTOR_TRACKER = "collector"  # in EnvRunner actors
+EVAL_TRACKER = "eval"  # in evaluation EnvRunners: the Eval/* tags
 
 
 def push_partial_state(metrics_logger, tracker_name: str) -> None:

@@ -31,6 +31,12 @@ def _register() -> None:
         if entry is None:
             continue
         gym.register(id=spec.gym_id, entry_point=entry[0], vector_entry_point=entry[1])
+    if PROBE_ID not in gym.registry:
+        gym.register(id=PROBE_ID, entry_point="raylab.envs.probe:CountingEpisodesEnv")
+
+
+# A probe env for pipeline tests (raylab.envs.probe); not a task.
+PROBE_ID = "raylab/CountingEpisodes-v0"
 
 
 # task name -> (single-env entry point, vector entry point); filled as tasks land.

@@ -179,20 +179,21 @@ def tracking_error(policy: Policy, vec_cls: type = Go2JoystickFlatVecEnv,
 
 def checkpoint_policy(checkpoint: Path, action_space, sample: bool = False, seed: int = 0) -> Policy:
     """The policy of an RLlib checkpoint (raylab.evaluate's loader). Deterministic (the mean
-    action, ``raylab.evaluate.policy_action`` on each row) unless ``sample``: then actions are
+    action, ``raylab.evaluate.deterministic_policy``) unless ``sample``: then actions are
     drawn from the policy's Gaussian as during training (torch generator seeded ``seed``),
     clipped to the action space."""
     import torch
     from ray.rllib.core.columns import Columns
 
-    from raylab.evaluate import load_policy, policy_action
+    from raylab.evaluate import deterministic_policy, load_policy
 
     module = load_policy(checkpoint)
+    mean_action = deterministic_policy(module, action_space)
     gen = torch.Generator().manual_seed(seed)
 
     def act(obs: np.ndarray) -> np.ndarray:
         if not sample:
-            return np.stack([policy_action(module, o, action_space) for o in obs])
+            return mean_action(obs)
         with torch.no_grad():
             out = module.forward_inference({Columns.OBS: torch.as_tensor(obs, dtype=torch.float32)})
             mean, log_std = out[Columns.ACTION_DIST_INPUTS].chunk(2, dim=-1)

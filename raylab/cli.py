@@ -96,11 +96,28 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_Formatter,
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="run directory written by raylab train")
-    p.add_argument("--checkpoint", default=None, help="checkpoint path (default: the latest)")
-    p.add_argument("--episodes", type=int, default=10, help="episodes to run")
+    p.add_argument("--checkpoint", default=None, help="checkpoint path, or best (the best evaluation during training); default the latest")
+    p.add_argument("--episodes", type=int, default=100, help="episodes to run (episode k: seed + k)")
     p.add_argument("--seed", type=int, default=1000, help="seed of the first episode")
     p.add_argument("--video", action="store_true", help="render play_video.mp4 (offscreen)")
     p.set_defaults(func=_cmd_eval)
+
+    # plot
+    p = sub.add_parser(
+        "plot",
+        help="learning curves of one or more runs as a PNG",
+        description="Draw Train/mean_reward and Eval/mean_reward against env steps (several "
+        "runs of one config: mean and +/- 1 sd), with the task's hold-pose and random-action "
+        "baselines as horizontal lines.",
+        formatter_class=_Formatter,
+    )
+    p.add_argument("run_dirs", metavar="RUN_DIR", nargs="+", help="run directories")
+    p.add_argument("--out", default=None,
+                   help="PNG path (default: RUN_DIR/learning_curve.png for one run, else "
+                        "./learning_curve.png)")  # fmt: skip
+    p.add_argument("--no-baselines", action="store_true",
+                   help="skip the baseline lines (they take up to a minute the first time)")
+    p.set_defaults(func=_cmd_plot)
 
     # tune
     p = sub.add_parser(
@@ -171,6 +188,13 @@ def _cmd_eval(args) -> int:
     from raylab.evaluate import evaluate
 
     return evaluate(args.run_dir, args.checkpoint, args.episodes, args.seed, args.video)
+
+
+def _cmd_plot(args) -> int:
+    from raylab.plot import plot_runs
+
+    plot_runs(args.run_dirs, args.out, baselines=not args.no_baselines)
+    return 0
 
 
 def _cmd_tune(args) -> int:

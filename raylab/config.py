@@ -57,6 +57,19 @@ class TrainingConfig:
         None, "also stop once Train/mean_reward reaches this value (null: never)"
     )
     checkpoint_every: int = _f(20, "checkpoint every N training iterations (0: only at the end)")
+    reward_window: int = _f(
+        100, "Train/mean_reward and Train/mean_episode_length: mean over this many latest episodes"
+    )
+    eval_every: int = _f(
+        50,
+        "evaluate every N training iterations (0: off): deterministic actions on fixed seeds, "
+        "reported as Eval/*; the best score's checkpoint is kept as checkpoints/best",
+    )
+    eval_before_train: bool = _f(
+        True, "also evaluate the initial policy once before the first update (Eval/* at step 0)"
+    )
+    eval_episodes: int = _f(32, "episodes per evaluation (episode k seeded eval_seed + k)")
+    eval_seed: int = _f(1000, "seed of the first evaluation episode (raylab eval's default too)")
     iteration_s: float = _f(
         1.0, "minimum wall time of one training iteration (RLlib min_time_s_per_iteration)"
     )
@@ -232,6 +245,7 @@ def compose(
     _check_choices(cfg)
     _check_num_threads(cfg)
     _check_fast_sampler(cfg)
+    _check_evaluation(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
 
@@ -351,6 +365,13 @@ def _check_fast_sampler(cfg: DictConfig) -> None:
             f"'{cfg.task}' is a Gymnasium id, which RLlib's EnvRunner samples: use "
             "training.fast_sampler=null or false"
         )
+
+
+def _check_evaluation(cfg: DictConfig) -> None:
+    t = cfg.training
+    for key, low in (("reward_window", 1), ("eval_every", 0), ("eval_episodes", 1)):
+        if int(t[key]) < low:
+            raise UserError(f"bad value training.{key}={t[key]}: must be at least {low}")
 
 
 def _field_meta(cfg: DictConfig, prefix: str = "") -> Iterator[Tuple[str, dict]]:

@@ -26,7 +26,10 @@ from raylab.algorithms.timeline import (
     RAYLAB_KEY,
     pull_final_stats,
 )
+from raylab.algorithms.algorithm import BEST_EVAL_KEY, EVAL_BEFORE_TRAIN_KEY, eval_tags
 from raylab.metrics import schema as S
+
+EVALUATION_RESULTS = "evaluation"  # RLlib's key of the evaluation results
 
 STEPS_KEY = ("env_runners", "num_env_steps_sampled_lifetime")
 RUNTIME_KEY = "raylab_runtime"
@@ -76,8 +79,12 @@ def canonical_metrics(result: dict, previous: Optional[dict] = None) -> Dict[str
         if _finite(value):
             out[tag] = float(value) * scale
 
-    put(S.TRAIN_MEAN_REWARD, er.get("episode_return_mean"))
-    put(S.TRAIN_MEAN_EPISODE_LENGTH, er.get("episode_len_mean"))
+    # raylab's reward window (written by the algorithm, raylab.algorithms.algorithm).
+    put(S.TRAIN_MEAN_REWARD, result.get(S.TRAIN_MEAN_REWARD))
+    put(S.TRAIN_MEAN_EPISODE_LENGTH, result.get(S.TRAIN_MEAN_EPISODE_LENGTH))
+    # An evaluation that ran this iteration (Eval/* from the eval stats tracker).
+    for tag, value in eval_tags(result.get(EVALUATION_RESULTS)).items():
+        put(tag, value)
 
     # Throughput of the whole job: env steps sampled by all EnvRunners per wall second.
     steps, t = env_steps(result), float(result.get("time_total_s", 0.0))
@@ -236,6 +243,12 @@ class RaylabTuneCallback(tune.Callback):
         run = self._run(trial)
         metrics = S.normalize(canonical_metrics(result, run["prev"]))
         step = env_steps(result)
+        before = S.normalize(eval_tags(result.get(EVAL_BEFORE_TRAIN_KEY)))
+        if before and run.get("logged_step", -1) < 0:
+            # The initial policy's evaluation, at env step 0 (before any sample was trained on).
+            run["backend"].log(0, before)
+            run["logged_step"] = 0
+            run["dir"].update_summary(initial_eval=before)
         # Each tag once per step: an iteration that sampled nothing new (an asynchronous
         # learner can finish one before fresh samples arrive) is held and merged into the
         # next step's values.
@@ -264,6 +277,14 @@ class RaylabTuneCallback(tune.Callback):
             time_total_s=float(result.get("time_total_s", 0.0)),
             runtime_manifest=run["manifest"],
         )
+        best = result.get(BEST_EVAL_KEY)
+        if isinstance(best, dict) and best != run.get("best"):
+            # A new best evaluation (this iteration's): its checkpoint follows (on_checkpoint).
+            run["best"] = dict(best)
+            run["dir"].update_summary(best_eval={
+                "score": float(best["score"]), "training_iteration": int(best["iteration"]),
+                "env_steps": step, "checkpoint": None,
+            })  # fmt: skip
         if self.progress is not None:
             self.progress(trial, result, metrics)
         from raylab.dashboard import export_result  # Ray dashboard gauges (never raises)
@@ -273,6 +294,16 @@ class RaylabTuneCallback(tune.Callback):
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
         run = self._run(trial)
         run["dir"].update_summary(last_checkpoint=str(checkpoint.path))
+        best = run.get("best")
+        last = trial.last_result or {}
+        if best is not None and int(best["iteration"]) == int(last.get("training_iteration", -1)):
+            # This checkpoint holds the best evaluated policy so far: keep a copy as `best`
+            # (Tune rotates its own checkpoints away, num_to_keep).
+            dest = keep_best_checkpoint(Path(checkpoint.path), run["dir"].checkpoint_dir)
+            summary = run["dir"].read_summary()
+            run["dir"].update_summary(best_eval={**(summary.get("best_eval") or {}),
+                                                 "checkpoint": str(dest),
+                                                 "source": str(checkpoint.path)})  # fmt: skip
 
     def _finish(self, trial, status: str, error: Optional[str] = None):
         run = self._runs.get(trial.trial_id)
@@ -297,6 +328,24 @@ class RaylabTuneCallback(tune.Callback):
             run = self._runs.pop(trial.trial_id, None)
             if run is not None:
                 run["backend"].close()
+
+
+def keep_best_checkpoint(source: Path, folder: Path) -> Path:
+    """Copy a checkpoint to ``folder/best``, replacing the previous best only once the copy is
+    complete (a crash meanwhile leaves the old one)."""
+    import shutil
+
+    folder.mkdir(parents=True, exist_ok=True)
+    dest, tmp = folder / "best", folder / ".best.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(source, tmp)
+    old = folder / ".best.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if dest.exists():
+        dest.rename(old)
+    tmp.rename(dest)
+    shutil.rmtree(old, ignore_errors=True)
+    return dest
 
 
 def _training_cfg(config: dict):

@@ -125,6 +125,7 @@ POLICY_LABELS: Dict[str, str] = {
 
 _REWARD_PREFIX = S.TAGS[S.REWARD_FAMILY].family_prefix
 _LOSS_PREFIX = S.TAGS[S.LOSS_FAMILY].family_prefix
+EVAL_TAGS = (S.EVAL_MEAN_REWARD, S.EVAL_MEAN_EPISODE_LENGTH, S.EVAL_SURVIVAL)
 _POLICY_PREFIX = S.TAGS[S.POLICY_FAMILY].family_prefix
 
 
@@ -378,6 +379,11 @@ def metric_rows(values: Mapping[str, float]) -> List[Tuple[str, Optional[float]]
         ("Mean Reward", values.get(S.TRAIN_MEAN_REWARD)),
         ("Ep Length", values.get(S.TRAIN_MEAN_EPISODE_LENGTH)),
     ]
+    # The latest evaluation (it runs every training.eval_every iterations, so it is shown as
+    # last reported rather than averaged over the panel's window).
+    for tag, label in ((S.EVAL_MEAN_REWARD, "Eval Reward"), (S.EVAL_SURVIVAL, "Eval Survival")):
+        if tag in values:
+            rows.append((label, values[tag]))
     rows += _family_rows(values, _LOSS_PREFIX, LOSS_LABELS, suffix=" Loss")
     rows += _family_rows(values, _POLICY_PREFIX, POLICY_LABELS)
     return rows
@@ -424,6 +430,8 @@ class TerminalPanel:
         self.env_steps = 0
         self.samples = 0
         self.best_reward: Optional[float] = None
+        self.last_eval: Dict[str, float] = {}  # the latest evaluation's Eval/* values
+        self.best_eval: Optional[float] = None
         self._time_total_s = 0.0
         self._last_t: Optional[float] = None
 
@@ -449,10 +457,17 @@ class TerminalPanel:
             if reward is not None and math.isfinite(reward) and (
                     self.best_reward is None or reward > self.best_reward):
                 self.best_reward = reward
+            evals = {k: v for k, v in metrics.items() if k in EVAL_TAGS}
+            if evals:
+                self.last_eval = evals
+                score = evals.get(S.EVAL_MEAN_REWARD)
+                if score is not None and (self.best_eval is None or score > self.best_eval):
+                    self.best_eval = score
 
     def snapshot(self, now: float) -> Snapshot:
         with self._lock:
             values, n, age = self._window.mean(now)
+            values = {**{k: v for k, v in values.items() if k not in EVAL_TAGS}, **self.last_eval}
             elapsed = self._time_total_s + (now - self._last_t if self._last_t is not None else 0.0)
             return Snapshot(values, n, age, self.iteration, self.env_steps, elapsed)
 
@@ -614,11 +629,13 @@ def progress_line(snap: Snapshot) -> str:
     values = snap.values
     reward = values.get(S.TRAIN_MEAN_REWARD)
     wall = values.get(S.PERF_ITERATION_TIME)
+    score = values.get(S.EVAL_MEAN_REWARD)
     return (
         f"raylab iter {snap.iteration:,}  steps {snap.env_steps:,}  "
         f"Steps/s {fmt_number(values.get(S.PERF_TOTAL_FPS))}  "
         f"reward {fmt_number(reward)}  "
-        f"iter_wall {f'{wall:.2f}s' if wall is not None else '-'}  "
+        + (f"eval {fmt_number(score)}  " if score is not None else "")
+        + f"iter_wall {f'{wall:.2f}s' if wall is not None else '-'}  "
         f"elapsed {fmt_duration(snap.elapsed_s)}"
     )
 
@@ -635,6 +652,8 @@ def summary_line(panel: TerminalPanel, now: float) -> str:
         f"raylab: {snap.iteration:,} iterations, {snap.env_steps:,} env steps in "
         f"{fmt_duration(snap.elapsed_s)} ({fmt_number(rate)} steps/s overall); "
         f"mean reward {fmt_number(reward)} (best {fmt_number(best)})"
+        + (f"; eval {fmt_number(panel.last_eval.get(S.EVAL_MEAN_REWARD))} "
+           f"(best {fmt_number(panel.best_eval)})" if panel.best_eval is not None else "")
     )
 
 

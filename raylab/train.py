@@ -154,12 +154,10 @@ def init_ray(cfg: DictConfig) -> dict:
 
 
 def algorithm_class(name: str):
-    from ray.rllib.algorithms.appo import APPO
-    from ray.rllib.algorithms.ppo import PPO
-
+    from raylab.algorithms.algorithm import RaylabAPPO, RaylabPPO
     from raylab.algorithms.sac import RaylabSAC
 
-    return {"ppo": PPO, "appo": APPO, "sac": RaylabSAC}[name]
+    return {"ppo": RaylabPPO, "appo": RaylabAPPO, "sac": RaylabSAC}[name]
 
 
 def run_training(cfg: DictConfig, run_dir: Path, resume: bool = False):

@@ -20,6 +20,7 @@ from raylab.metrics.manifest import validate_manifest
 from raylab.metrics.rundir import read_summary
 
 ALGOS = ("ppo", "appo", "sac")
+EVAL_EVERY, EVAL_EPISODES = 3, 4
 # Small, fast settings per algorithm so each run does several iterations in its budget.
 FAST = {
     "ppo": ["algo.train_batch_size=512", "algo.minibatch_size=128", "algo.num_epochs=2"],
@@ -31,6 +32,8 @@ COMMON = [
     "training.terminal=plain",
     "training.checkpoint_every=2",
     "algo.hidden=[64,64]",
+    f"training.eval_every={EVAL_EVERY}",
+    f"training.eval_episodes={EVAL_EPISODES}",
 ]
 
 
@@ -125,11 +128,49 @@ def test_checkpoint_and_eval(pendulum_run):
     limit, low, high = {"Pendulum-v1": (200, -2000, 0), "microduck_balance": (250, 0, 500)}[task]
     assert out["mean_episode_length"] == limit  # both tasks end on their time limit
     assert out["algo"] == algo and low < out["mean_return"] <= high
-    assert 0.0 <= out["survival"] <= 1.0
+    if task == "microduck_balance":
+        assert 0.0 <= out["survival"] <= 1.0
+    else:  # a Gymnasium id has no notion of falling
+        assert out["survival"] is None
     # Deterministic policy + fixed seeds: the same numbers twice.
     r2 = run_cli("eval", str(run_dir), "--episodes", "2", timeout=300)
     assert r2.returncode == 0
     assert json.loads((run_dir / "eval.json").read_text())["returns"] == out["returns"]
+
+
+def test_evaluation_during_training(pendulum_run):
+    algo, run_dir = pendulum_run
+    task = json.loads((run_dir / "run_config.json").read_text())["task"]
+    table = extract(run_dir)
+    evals = dict(table.column(S.EVAL_MEAN_REWARD))
+    # The initial policy at step 0, then every EVAL_EVERY iterations.
+    assert 0 in evals and len(evals) >= 2, evals
+    lengths = set(dict(table.column(S.EVAL_MEAN_EPISODE_LENGTH)).values())
+    assert lengths == {200.0 if task == "Pendulum-v1" else 250.0}
+    if task == "microduck_balance":
+        survival = dict(table.column(S.EVAL_SURVIVAL))
+        assert survival.keys() == evals.keys() and all(0 <= v <= 1 for v in survival.values())
+    else:
+        assert S.EVAL_SURVIVAL not in table.tags
+    summary = read_summary(run_dir)
+    trained = {s: v for s, v in evals.items() if s > 0}
+    best = summary["best_eval"]
+    assert best["score"] == pytest.approx(max(trained.values()), rel=1e-6)
+    assert best["env_steps"] in trained and trained[best["env_steps"]] == pytest.approx(best["score"])
+    assert Path(best["checkpoint"]).is_dir() and Path(best["checkpoint"]).name == "best"
+
+
+def test_raylab_eval_reproduces_the_evaluation_during_training(runs):
+    """One code path: `raylab eval` of the best checkpoint, with the evaluation's episodes and
+    seed, gives the score the evaluation during training logged. PPO, whose learner does not
+    move between the evaluation and the checkpoint (APPO's and SAC's learner threads do)."""
+    run_dir = runs("ppo", "microduck_balance")
+    best = read_summary(run_dir)["best_eval"]
+    r = run_cli("eval", str(run_dir), "--checkpoint", "best", "--episodes", str(EVAL_EPISODES),
+                "--seed", "1000", timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads((run_dir / "eval.json").read_text())
+    assert out["mean_return"] == pytest.approx(best["score"], rel=1e-9, abs=1e-9)
 
 
 def test_eval_refuses_a_checkpoint_of_another_algorithm(runs):

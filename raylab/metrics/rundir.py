@@ -65,6 +65,8 @@ SUMMARY_OPTIONAL = {
     "time_total_s": (int, float),
     "last_checkpoint": (str, type(None)),
     "restored_from": (list,),
+    "best_eval": (dict, type(None)),
+    "initial_eval": (dict, type(None)),
     "error": (str, type(None)),
     "backend_diagnostics": (dict, type(None)),
     "experimental": (dict,),

@@ -138,6 +138,11 @@ TRAIN_MEAN_REWARD = "Train/mean_reward"
 TRAIN_MEAN_EPISODE_LENGTH = "Train/mean_episode_length"
 EPISODE_TIMEOUT_RATE = "Episode/timeout_rate"
 
+# evaluation during training
+EVAL_MEAN_REWARD = "Eval/mean_reward"
+EVAL_MEAN_EPISODE_LENGTH = "Eval/mean_episode_length"
+EVAL_SURVIVAL = "Eval/survival"
+
 # throughput
 PERF_TOTAL_FPS = "Perf/total_fps"
 PERF_LEARNER_ROWS_PER_S = "Perf/learner_rows_per_s"
@@ -217,11 +222,23 @@ _RESERVED: Tuple[str, ...] = ()
 _SPECS: Tuple[MetricSpec, ...] = (
     # ----------------------------------------------------------------------- progress
     _spec(TRAIN_MEAN_REWARD, "collector", "return", "mean", _ALL,
-          "Mean undiscounted return of the episodes the EnvRunners completed since the previous "
-          "report (RLlib's episode_return_mean: per EnvRunner, then averaged); the overall "
-          "training-progress curve"),
+          "Mean undiscounted return of the latest training.reward_window (default 100) episodes "
+          "completed by all EnvRunners, kept by raylab across reports (and across --resume); "
+          "omitted until the first episode completes; the overall training-progress curve"),
     _spec(TRAIN_MEAN_EPISODE_LENGTH, "collector", "steps", "mean", _ALL,
-          "Mean length of the episodes the EnvRunners completed since the previous report"),
+          "Mean length of the same latest training.reward_window completed episodes; omitted "
+          "until the first episode completes"),
+    _spec(EVAL_MEAN_REWARD, "collector", "return", "mean", _ALL,
+          "Mean return of the evaluation's training.eval_episodes episodes: deterministic "
+          "actions, episode k seeded training.eval_seed + k, every training.eval_every "
+          "iterations (and once before the first update with training.eval_before_train, "
+          "logged at env step 0); the protocol of `raylab eval`"),
+    _spec(EVAL_MEAN_EPISODE_LENGTH, "collector", "steps", "mean", _ALL,
+          "Mean episode length of the same evaluation episodes"),
+    _spec(EVAL_SURVIVAL, "collector", "ratio", "mean", _ALL,
+          "Robot tasks: mean over the evaluation episodes of the share of steps on which the "
+          "robot was not fallen by the task's own definition (0 for an episode that "
+          "terminated); the number `raylab eval` prints as survival"),
     _spec(EPISODE_TIMEOUT_RATE, "collector", "ratio", "mean", _ALL,
           "Fraction of completed episodes that ended by the time limit rather than a "
           "termination term; omitted until the first episode completes"),

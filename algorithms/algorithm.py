@@ -1,0 +1,145 @@
+"""raylab's Algorithm classes: RLlib's PPO / APPO (and raylab's SAC) plus two things a run needs
+across reports and restarts.
+
+- **The reward window.** ``Train/mean_reward`` and ``Train/mean_episode_length`` are means over
+  the latest ``training.reward_window`` completed episodes of all EnvRunners
+  (``metrics_num_episodes_for_smoothing`` in RLlib's config). RLlib 2.60 clears its episode
+  statistics on every reduce, so every EnvRunner ships each finished episode's (return, length)
+  as an ``item_series`` (:data:`EPISODES_KEY`, see ``RaylabEnvRunner._log_episode_metrics``),
+  and the algorithm keeps the window. It is part of the algorithm's checkpoint state, so it
+  survives ``raylab train --resume``.
+- **Evaluation.** RLlib's own evaluation machinery runs it (``evaluation_interval``,
+  ``evaluation_duration``, an evaluation EnvRunner group of
+  :class:`~raylab.algorithms.env_runner.RaylabEvalEnvRunner`); ``training.eval_before_train``
+  adds one evaluation of the initial policy before the first update, reported with the first
+  result. The best evaluation score is kept in the checkpoint state too, and a result that
+  improves it asks Tune for a checkpoint (``should_checkpoint``), which the driver keeps as the
+  run's ``best`` checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Dict, Iterable, Optional, Tuple
+
+import numpy as np
+from ray.rllib.algorithms.appo import APPO
+from ray.rllib.algorithms.ppo import PPO
+from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, EVALUATION_RESULTS
+
+from raylab.metrics import schema as S
+
+EPISODES_KEY = "raylab_episodes"  # per-episode (return, length) items from every EnvRunner
+STATE_KEY = "raylab"  # the algorithm state raylab adds to RLlib's checkpoint
+EVAL_BEFORE_TRAIN_KEY = "raylab_eval_before_train"  # evaluation results of the initial policy
+BEST_EVAL_KEY = "raylab_best_eval"  # {"score", "iteration"} of the best evaluation so far
+
+
+class RewardWindow:
+    """The latest ``size`` completed episodes' returns and lengths."""
+
+    def __init__(self, size: int, items: Iterable[Tuple[float, float]] = ()):
+        self.items: deque = deque(((float(r), float(n)) for r, n in items), maxlen=int(size))
+
+    def extend(self, items: Iterable[Tuple[float, float]]) -> None:
+        self.items.extend((float(r), float(n)) for r, n in items)
+
+    def means(self) -> Optional[Tuple[float, float]]:
+        """(mean return, mean length) over the window; None before the first episode."""
+        if not self.items:
+            return None
+        arr = np.asarray(self.items, dtype=np.float64)
+        return float(arr[:, 0].mean()), float(arr[:, 1].mean())
+
+
+class RaylabAlgorithmMixin:
+    """Reward window, evaluation before training and the best evaluation, for any of raylab's
+    algorithms (put it before the RLlib Algorithm class)."""
+
+    @property
+    def reward_window(self) -> RewardWindow:
+        window = self.__dict__.get("_reward_window")
+        if window is None:
+            window = self._reward_window = RewardWindow(self.config.metrics_num_episodes_for_smoothing)
+        return window
+
+    @property
+    def best_eval(self) -> Optional[Dict[str, float]]:
+        return self.__dict__.get("_best_eval")
+
+    # -- the window and the best evaluation, per result ------------------------------------
+    def update_progress(self, result: Dict[str, Any]) -> None:
+        """Write the window means and the evaluation tags into ``result`` (called from the
+        ``on_train_result`` callback, before Tune's stopper and scheduler see the result)."""
+        runners = result.get(ENV_RUNNER_RESULTS, {})
+        items = runners.pop(EPISODES_KEY, None) if isinstance(runners, dict) else None
+        if isinstance(items, tuple):  # RLlib hands a lone item over unwrapped
+            items = [items]
+        if isinstance(items, list):
+            self.reward_window.extend(i for i in items if isinstance(i, tuple) and len(i) == 2)
+        means = self.reward_window.means()
+        # NaN until the first episode completes: the driver omits non-finite values.
+        mean_return, mean_length = means if means is not None else (float("nan"),) * 2
+        result[S.TRAIN_MEAN_REWARD] = mean_return
+        result[S.TRAIN_MEAN_EPISODE_LENGTH] = mean_length
+
+        # RLlib carries the last evaluation's results into every later result: keep only an
+        # evaluation that ran in this iteration.
+        interval = self.config.evaluation_interval
+        if not (interval and self.iteration % interval == 0):
+            result.pop(EVALUATION_RESULTS, None)
+        # The best evaluation of a trained policy (the initial policy's, before training, is no
+        # checkpoint's): a new best asks Tune to checkpoint this iteration.
+        score = eval_tags(result.get(EVALUATION_RESULTS)).get(S.EVAL_MEAN_REWARD)
+        best = self.best_eval
+        if score is not None and (best is None or score > best["score"]):
+            self._best_eval = {"score": score, "iteration": int(self.iteration)}
+            result["should_checkpoint"] = True
+        if self.best_eval is not None:
+            result[BEST_EVAL_KEY] = dict(self.best_eval)
+
+    # -- evaluation of the initial policy --------------------------------------------------
+    def step(self):
+        before = None
+        if self.iteration == 0 and getattr(self.config, "raylab_eval_before_train", False):
+            before = self.evaluate()  # the evaluation results themselves
+            # Reported on their own, not again inside the first iteration's "evaluation".
+            self.metrics.delete(EVALUATION_RESULTS, key_error=False)
+        result = super().step()
+        if before is not None:
+            result[EVAL_BEFORE_TRAIN_KEY] = before
+        return result
+
+    # -- checkpoint state ------------------------------------------------------------------
+    def get_state(self, *args, **kwargs) -> Dict[str, Any]:
+        state = super().get_state(*args, **kwargs)
+        state[STATE_KEY] = {
+            "reward_window": list(self.reward_window.items),
+            "best_eval": self.best_eval,
+        }
+        return state
+
+    def set_state(self, state: Dict[str, Any]) -> None:
+        super().set_state(state)
+        ours = state.get(STATE_KEY)
+        if ours:
+            size = self.config.metrics_num_episodes_for_smoothing
+            self._reward_window = RewardWindow(size, ours.get("reward_window", ()))
+            self._best_eval = ours.get("best_eval")
+
+
+def eval_tags(evaluation: Any) -> Dict[str, float]:
+    """The canonical ``Eval/*`` tags in an evaluation result (RLlib's ``evaluation`` entry)."""
+    from raylab.algorithms.timeline import EVAL_TRACKER, pull_final_stats
+
+    if not isinstance(evaluation, dict):
+        return {}
+    return pull_final_stats(evaluation, ENV_RUNNER_RESULTS, EVAL_TRACKER)
+
+
+class RaylabPPO(RaylabAlgorithmMixin, PPO):
+    """RLlib's PPO with raylab's reward window and evaluation bookkeeping."""
+
+
+class RaylabAPPO(RaylabAlgorithmMixin, APPO):
+    """RLlib's APPO with raylab's reward window and evaluation bookkeeping."""

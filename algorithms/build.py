@@ -129,13 +129,7 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
             custom_resources_per_learner=dict(cfg.resources.custom_resources_per_learner),
             learner_config_dict=learner_extras,
         )
-        .rl_module(
-            model_config={
-                "fcnet_hiddens": list(algo.hidden),
-                "fcnet_activation": algo.activation,
-                "vf_share_layers": False,
-            }
-        )
+        .rl_module(**rl_module_options(cfg))
         .callbacks(RaylabCallbacks)
         .reporting(
             min_time_s_per_iteration=cfg.training.iteration_s,
@@ -153,6 +147,39 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
     config.raylab_eval_before_train = bool(cfg.training.eval_before_train)
     config.raylab_eval_seed = int(cfg.training.eval_seed)
     return config
+
+
+def rl_module_options(cfg: DictConfig) -> Dict[str, Any]:
+    """The RLModule: RLlib's default MLP one, or with ``env.privileged_obs`` (PPO only, checked
+    when composing) the asymmetric actor-critic whose policy does not see the privileged part."""
+    model_config = {
+        "fcnet_hiddens": list(cfg.algo.hidden),
+        "fcnet_activation": cfg.algo.activation,
+        "vf_share_layers": False,
+    }
+    if not cfg.env.get("privileged_obs", False):
+        return {"model_config": model_config}
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+    from raylab.algorithms.modules import ACTOR_OBS_DIM, AsymmetricPPOModule
+
+    model_config[ACTOR_OBS_DIM] = actor_obs_dim(cfg)
+    return {"rl_module_spec": RLModuleSpec(module_class=AsymmetricPPOModule,
+                                           model_config=model_config)}  # fmt: skip
+
+
+def actor_obs_dim(cfg: DictConfig) -> int:
+    """How many leading observation entries the policy sees (the task's env says)."""
+    import gymnasium as gym
+
+    import raylab.envs  # noqa: F401
+
+    options = {**env_options(cfg), "num_threads": 1}
+    env = gym.make_vec(cfg.env.gym_id, num_envs=1, vectorization_mode="vector_entry_point", **options)
+    try:
+        return int(env.actor_obs_dim)
+    finally:
+        env.close()
 
 
 def evaluation_options(cfg: DictConfig, runner_cls) -> Dict[str, Any]:

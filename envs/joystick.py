@@ -226,6 +226,34 @@ def obs_foot_phase(env):
     return np.sin(2.0 * np.pi * env.foot_phase)
 
 
+# Privileged state (``privileged_obs``): appended after the policy's observation for an
+# asymmetric critic; raylab's PPO module hides it from the policy (algorithms/modules.py).
+def obs_base_lin_vel(env):
+    """Trunk-frame linear velocity (m/s): what the policy must infer from IMU and joints."""
+    return env.lin_vel
+
+
+def obs_base_height(env):
+    return env.trunk_height[:, None]
+
+
+def obs_foot_contact(env):
+    return env.contact.astype(np.float64)
+
+
+def obs_foot_height(env):
+    return env.foot_height
+
+
+def privileged_terms(num_feet: int) -> Tuple[ObsTerm, ...]:
+    return (
+        ObsTerm("base_lin_vel", obs_base_lin_vel, 3),
+        ObsTerm("base_height", obs_base_height, 1),
+        ObsTerm("foot_contact", obs_foot_contact, num_feet),
+        ObsTerm("foot_height", obs_foot_height, num_feet, scale=10.0),
+    )
+
+
 def fell(env):
     return env.fallen
 
@@ -517,9 +545,12 @@ def reward_table(opts) -> Tuple[RewardTerm, ...]:
 
 
 def observation_table(task: JoystickTask, opts) -> Tuple[ObsTerm, ...]:
-    if opts.gait_freq_hz > 0:
-        return task.observations
-    return tuple(t for t in task.observations if t.name != "foot_phase")
+    """The policy's terms (foot_phase only with a gait clock), then, with ``privileged_obs``,
+    the critic-only privileged terms."""
+    terms = tuple(t for t in task.observations if opts.gait_freq_hz > 0 or t.name != "foot_phase")
+    if opts.privileged_obs:
+        terms += privileged_terms(len(task.feet))
+    return terms
 
 
 def _steps(seconds: float) -> int:
@@ -611,6 +642,11 @@ class JoystickVecEnv(VectorEnv):
 
         self.single_observation_space = gym.spaces.Box(
             -np.inf, np.inf, (self.observations.dim,), np.float32
+        )
+        # The policy's share of the observation: all of it unless privileged_obs appends the
+        # critic-only terms after it.
+        self.actor_obs_dim = self.observations.dim - (
+            sum(t.size for t in privileged_terms(nf)) if o.privileged_obs else 0
         )
         self.single_action_space = gym.spaces.Box(-1.0, 1.0, (nj,), np.float32)
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, n)

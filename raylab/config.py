@@ -246,6 +246,7 @@ def compose(
     _check_num_threads(cfg)
     _check_fast_sampler(cfg)
     _check_evaluation(cfg)
+    _check_privileged_obs(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
 
@@ -364,6 +365,14 @@ def _check_fast_sampler(cfg: DictConfig) -> None:
             f"training.fast_sampler=true needs a raylab task ({', '.join(TASKS)}); "
             f"'{cfg.task}' is a Gymnasium id, which RLlib's EnvRunner samples: use "
             "training.fast_sampler=null or false"
+        )
+
+
+def _check_privileged_obs(cfg: DictConfig) -> None:
+    if cfg.env.get("privileged_obs", False) and cfg.algo.name != "ppo":
+        raise UserError(
+            f"env.privileged_obs=true needs --algo ppo (its asymmetric critic hides the "
+            f"privileged state from the policy); {cfg.algo.name} would feed it to the policy"
         )
 
 

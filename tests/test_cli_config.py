@@ -110,6 +110,9 @@ BAD = [
     (["env.reward_version=v9"], ["v9", "v1", "v2"]),
     (["justaword"], ["'justaword'", "key=value"]),
     (["task=x"], ["--task"]),
+    (["training.reward_window=0"], ["training.reward_window=0", "at least 1"]),
+    (["training.eval_every=-1"], ["training.eval_every=-1", "at least 0"]),
+    (["training.eval_episodes=0"], ["training.eval_episodes=0", "at least 1"]),
 ]
 
 

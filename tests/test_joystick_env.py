@@ -501,3 +501,23 @@ def test_microduck_joystick_stands_20_s_with_zero_action_without_pushes_and_fall
     pushed = tracking_error(lambda obs: np.zeros((len(obs), 14)), vec_cls=MicroduckJoystickVecEnv,
                             episodes=8, seed=1000)  # fmt: skip
     assert pushed["survival"] < 0.5
+
+
+def test_raylab_eval_tracking_errors_match_the_track_error_tool():
+    """`raylab eval`'s episode code (raylab.evaluate.run_policy_episodes) reports the tracking
+    errors over moving commands exactly as the Go2 track-error tool computes them: same seeds
+    (episode k: seed + k), same definition, same survival."""
+    from raylab.evaluate import eval_vec_env, hold_pose_policy, run_policy_episodes
+
+    episodes, seed = 6, 1000
+    tool = tracking_error(hold_default_pose, episodes=episodes, seed=seed)
+    env = eval_vec_env("raylab/Go2JoystickFlat-v0", {}, episodes, batched=True)
+    try:
+        ours = run_policy_episodes(hold_pose_policy(env.single_action_space), env, episodes, seed)
+    finally:
+        env.close()
+    for key in ("lin_vel_error_moving", "yaw_rate_error_moving", "lin_vel_error", "yaw_rate_error"):
+        assert ours[key] == pytest.approx(tool[key], rel=1e-12), key
+    assert ours["survival"] == pytest.approx(tool["survival"])
+    assert ours["mean_return"] == pytest.approx(tool["mean_return"], rel=1e-12)
+    assert ours["mean_episode_length"] == pytest.approx(tool["episode_length"])

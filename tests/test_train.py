@@ -206,39 +206,34 @@ def test_corrupt_checkpoint_is_one_line(runs, tmp_path):
     assert r.returncode == 2 and "not a readable RLlib algorithm checkpoint" in r.stderr
 
 
-def random_action_return(episodes: int = 16, seed: int = 0) -> float:
-    """Mean return of uniform random actions on microduck_balance (same default options)."""
-    import gymnasium as gym
-    import numpy as np
-
-    import raylab.envs  # noqa: F401
-
-    env = gym.make_vec("raylab/MicroduckBalance-v0", num_envs=episodes,
-                       vectorization_mode="vector_entry_point")
-    env.reset(seed=seed)
-    rng = np.random.default_rng(seed)
-    total = np.zeros(episodes)
-    for _ in range(250):  # one fixed-length episode per env
-        _, reward, _, _, _ = env.step(rng.uniform(-1, 1, size=env.action_space.shape))
-        total += reward
-    env.close()
-    return float(total.mean())
+# The learning test's bar: evaluation return of the best checkpoint over hold-pose's, both by
+# raylab's evaluation code with the baselines' protocol (100 deterministic episodes, seeds
+# 1000-1099). See benchmarks/README.md (learning) for what the runs reach and the issue's target.
+LEARNING_RATIO = 1.08
 
 
 @pytest.mark.slow
-def test_appo_learns_microduck_balance_within_10_minutes(tmp_path):
-    baseline = random_action_return()
-    target = baseline + 150.0
+def test_appo_beats_holding_the_pose_within_10_minutes(tmp_path):
+    """APPO with the defaults of `raylab train`, 10 minutes on this machine kind: its best
+    evaluated policy must beat the do-nothing policy (zero action: the servos hold the stand
+    pose), which already scores 303 of 500 because the duck stands until it is pushed."""
+    from raylab.config import compose
+    from raylab.evaluate import baseline_scores
+
     run_dir = tmp_path / "run"
     r = run_cli(
         "train", "--algo", "appo", "--task", "microduck_balance",
         f"training.log_dir={run_dir}", "training.time_budget_s=600",
-        f"training.stop_reward={target}", "resources.dashboard=false", "training.terminal=plain",
+        "training.total_steps=1000000000", "resources.dashboard=false", "training.terminal=plain",
         timeout=1200,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    curve = [(s, v) for s, v in extract(run_dir).column(S.TRAIN_MEAN_REWARD) if v is not None]
-    best = max(v for _, v in curve)
-    print(f"random-action return {baseline:.1f}; APPO curve:", curve[:: max(1, len(curve) // 12)])
-    # "Clearly above": the learned policy's training return beats random actions by 100+.
-    assert best >= baseline + 100.0, (baseline, curve[-5:])
+    hold = baseline_scores(compose("appo", "microduck_balance"), episodes=100, seed=1000,
+                           cache_dir=tmp_path / "cache")["hold_pose"]["mean_return"]  # fmt: skip
+    r = run_cli("eval", str(run_dir), "--checkpoint", "best", "--episodes", "100", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads((run_dir / "eval.json").read_text())["mean_return"]
+    curve = dict(extract(run_dir).column(S.EVAL_MEAN_REWARD))
+    print(f"hold-pose {hold:.1f}; best checkpoint {got:.1f} ({got / hold:.2f}x); "
+          f"Eval/mean_reward during training: {curve}")
+    assert got >= LEARNING_RATIO * hold, (got, hold, curve)

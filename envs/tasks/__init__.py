@@ -98,6 +98,11 @@ class JoystickConfig(EnvConfig):
     positive_reward: bool = _f(
         True, "clip each step's reward (0.02 x weighted sum) at 0, so falling never pays"
     )
+    privileged_obs: bool = _f(
+        False,
+        "append privileged state (trunk-frame velocity, trunk height, foot contacts and heights) "
+        "after the observation: PPO's critic sees it, its policy does not (asymmetric critic)",
+    )
     rew_tracking_lin_vel: float = _f(1.0, "reward weight: linear velocity tracking (x, y)")
     rew_tracking_ang_vel: float = _f(0.5, "reward weight: yaw rate tracking")
     rew_upright: float = _f(0.0, "reward weight: max(0, z of the trunk's up axis)")

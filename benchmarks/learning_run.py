@@ -1,0 +1,124 @@
+"""One documented learning run: train within a wall-time budget, evaluate, plot, save JSON.
+
+    python benchmarks/learning_run.py NAME --algo ALGO --task TASK --budget-min M [--seed S]
+        [--target-x X] [-- KEY=VALUE ...]
+
+1. ``raylab train`` with ``training.time_budget_s = 60 * M`` (and no step limit) into
+   ``runs/learning/NAME`` (ignored by git; the log next to it);
+2. ``raylab eval`` of the best evaluation's checkpoint and of the last one, 100 deterministic
+   episodes with the baselines' protocol (seeds 1000-1099);
+3. the task's hold-pose and random-action scores by the same evaluation code
+   (``raylab.evaluate.baseline_scores``, 100 episodes);
+4. ``benchmarks/learning/NAME.json``: the command, the machine (cores, load before and after,
+   what else was busy when it started), the run's steps and wall time, both evaluations, the
+   baselines and the ratio to hold-pose (and the target ratio, when given); and
+   ``benchmarks/learning/NAME.png``, the curve (``raylab plot``).
+
+Several seeds of one config: ``raylab plot runs/learning/A runs/learning/B ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RUNS = REPO / "runs" / "learning"
+OUT = REPO / "benchmarks" / "learning"
+RAYLAB = str(Path(sys.executable).with_name("raylab"))
+
+
+def _eval(run: Path, checkpoint: str) -> dict:
+    args = [RAYLAB, "eval", str(run), "--episodes", "100", "--seed", "1000"]
+    if checkpoint != "last":
+        args += ["--checkpoint", checkpoint]
+    r = subprocess.run(args, capture_output=True, text=True)
+    if r.returncode != 0:
+        return {"error": (r.stderr.strip().splitlines() or ["?"])[-1]}
+    out = json.loads((run / "eval.json").read_text())
+    for key in ("returns", "lengths", "survivals"):
+        out.pop(key, None)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("name")
+    p.add_argument("--algo", required=True)
+    p.add_argument("--task", required=True)
+    p.add_argument("--budget-min", type=float, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--target-x", type=float, default=None, help="target ratio to hold-pose")
+    p.add_argument("overrides", nargs="*")
+    a = p.parse_args(argv)
+
+    sys.path.insert(0, str(REPO))
+    from raylab.bench_common import busy_processes, machine_info
+
+    run = RUNS / a.name
+    if run.exists():
+        p.error(f"{run} exists; pick another NAME or remove it")
+    RUNS.mkdir(parents=True, exist_ok=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+    train = [
+        RAYLAB, "train", "--algo", a.algo, "--task", a.task, f"training.log_dir={run}",
+        f"training.seed={a.seed}", f"training.time_budget_s={60.0 * a.budget_min}",
+        "training.total_steps=1000000000000", "training.terminal=plain",
+        "resources.dashboard=false", *a.overrides,
+    ]  # fmt: skip
+    command = "python " + " ".join(shlex.quote(x) for x in [sys.argv[0], *sys.argv[1:]])
+    print(f"== {command}\n== {' '.join(shlex.quote(x) for x in train)}", flush=True)
+    before = {"machine": machine_info(), "busy": busy_processes()}
+    t0 = time.time()
+    with open(RUNS / f"{a.name}.log", "w") as log:
+        rc = subprocess.run(train, stdout=log, stderr=subprocess.STDOUT).returncode
+    wall = time.time() - t0
+    summary = json.loads((run / "run_summary.json").read_text()) if (run / "run_summary.json").is_file() else {}
+    result = {
+        "name": a.name, "command": command, "train_command": train[1:], "returncode": rc,
+        "algo": a.algo, "task": a.task, "seed": a.seed, "budget_min": a.budget_min,
+        "wall_s": round(wall, 1), "env_steps": summary.get("env_steps"),
+        "training_iteration": summary.get("training_iteration"),
+        "best_eval_during_training": summary.get("best_eval"),
+        "initial_eval": summary.get("initial_eval"),
+        "machine_before": before["machine"], "busy_at_start": before["busy"],
+    }  # fmt: skip
+    result["eval_best"] = _eval(run, "best")
+    result["eval_last"] = _eval(run, "last")
+    from raylab.envs.tasks import TASKS
+
+    if a.task in TASKS:
+        from raylab.evaluate import baseline_scores
+        from raylab.train import load_run_config
+
+        cfg = load_run_config(run)
+        base = baseline_scores(cfg, episodes=100, seed=1000)
+        result["baselines"] = base
+        hold = base["hold_pose"]["mean_return"]
+        best = max((e.get("mean_return", float("-inf")) for e in
+                    (result["eval_best"], result["eval_last"])), default=None)  # fmt: skip
+        result["ratio_to_hold_pose"] = best / hold if hold else None
+        if a.target_x is not None:
+            result["target_ratio"] = a.target_x
+            result["target_met"] = bool(result["ratio_to_hold_pose"] >= a.target_x)
+    result["machine_after"] = machine_info()
+    subprocess.run([RAYLAB, "plot", str(run), "--out", str(OUT / f"{a.name}.png")], check=False)
+    path = OUT / f"{a.name}.json"
+    path.write_text(json.dumps(result, indent=2, default=str))
+    print(f"== wrote {path}", flush=True)
+    for key in ("eval_best", "eval_last"):
+        e = result[key]
+        print(f"{key}: return {e.get('mean_return')}  survival {e.get('survival')}", flush=True)
+    if "ratio_to_hold_pose" in result:
+        print(f"ratio to hold-pose {result['ratio_to_hold_pose']:.3f}", flush=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

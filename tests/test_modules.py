@@ -1,0 +1,85 @@
+"""The asymmetric actor-critic (algorithms/modules.py): the policy ignores the privileged part
+of the observation, the value function uses it; and the option is refused where it would leak."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from ray.rllib.core.columns import Columns
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+import raylab.envs  # noqa: F401
+from raylab.algorithms.build import actor_obs_dim, rl_module_options
+from raylab.algorithms.modules import AsymmetricPPOModule
+from raylab.config import compose
+from raylab.errors import UserError
+
+
+def _module(inference_only: bool = False):
+    cfg = compose("ppo", "go2_joystick_flat", "mujoco", ["env.privileged_obs=true"])
+    opts = rl_module_options(cfg)
+    spec = opts["rl_module_spec"]
+    env = gym.make_vec(cfg.env.gym_id, num_envs=1, vectorization_mode="vector_entry_point",
+                       privileged_obs=True)  # fmt: skip
+    built = RLModuleSpec(
+        module_class=spec.module_class, observation_space=env.single_observation_space,
+        action_space=env.single_action_space, model_config=spec.model_config,
+        inference_only=inference_only,
+    ).build()  # fmt: skip
+    env.close()
+    return cfg, built
+
+
+def test_the_policy_ignores_the_privileged_part_the_critic_does_not():
+    cfg, module = _module()
+    assert isinstance(module, AsymmetricPPOModule)
+    k = actor_obs_dim(cfg)
+    assert k == 49  # go2's policy observation; 12 privileged entries follow
+    obs = torch.randn(8, module.observation_space.shape[0])
+    other = obs.clone()
+    other[:, k:] = torch.randn(8, obs.shape[1] - k) * 5.0
+    with torch.no_grad():
+        a = module.forward_inference({Columns.OBS: obs})[Columns.ACTION_DIST_INPUTS]
+        b = module.forward_inference({Columns.OBS: other})[Columns.ACTION_DIST_INPUTS]
+        assert torch.equal(a, b)
+        va, vb = module.compute_values({Columns.OBS: obs}), module.compute_values({Columns.OBS: other})
+        assert not torch.allclose(va, vb)
+        train = module.forward_train({Columns.OBS: obs})
+        assert torch.equal(train[Columns.ACTION_DIST_INPUTS], a)
+        assert torch.allclose(module.compute_values({Columns.OBS: obs},
+                                                    embeddings=train[Columns.EMBEDDINGS]), va)  # fmt: skip
+        changed = obs.clone()
+        changed[:, 0] += 1.0  # a policy entry does move the policy
+        assert not torch.equal(module.forward_inference({Columns.OBS: changed})[Columns.ACTION_DIST_INPUTS], a)
+
+
+def test_an_inference_only_module_needs_no_critic():
+    _, module = _module(inference_only=True)
+    assert module.encoder.critic_encoder is None
+    out = module.forward_exploration({Columns.OBS: torch.zeros(2, module.observation_space.shape[0])})
+    assert out[Columns.ACTION_DIST_INPUTS].shape == (2, 24)
+
+
+def test_privileged_obs_appends_after_the_policy_observation():
+    plain = gym.make_vec("raylab/Go2JoystickFlat-v0", num_envs=3, vectorization_mode="vector_entry_point")
+    priv = gym.make_vec("raylab/Go2JoystickFlat-v0", num_envs=3, vectorization_mode="vector_entry_point",
+                        privileged_obs=True)  # fmt: skip
+    a, _ = plain.reset(seed=3)
+    b, _ = priv.reset(seed=3)
+    for _ in range(5):
+        act = np.full((3, 12), 0.1, dtype=np.float32)
+        a, *_ = plain.step(act)
+        b, *_ = priv.step(act)
+    assert priv.actor_obs_dim == plain.actor_obs_dim == a.shape[1] == 49
+    np.testing.assert_array_equal(b[:, :49], a)  # the policy's observation is unchanged
+    np.testing.assert_allclose(b[:, 49:52], priv.unwrapped.lin_vel, rtol=1e-6, atol=1e-6)
+    plain.close()
+    priv.close()
+
+
+@pytest.mark.parametrize("algo", ["appo", "sac"])
+def test_privileged_obs_is_refused_where_the_policy_would_see_it(algo):
+    with pytest.raises(UserError, match="privileged_obs=true needs --algo ppo"):
+        compose(algo, "go2_joystick_flat", "mujoco", ["env.privileged_obs=true"])

@@ -150,7 +150,7 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
 
 
 def rl_module_options(cfg: DictConfig) -> Dict[str, Any]:
-    """The RLModule: RLlib's default MLP one, or with ``env.privileged_obs`` (PPO only, checked
+    """The RLModule: RLlib's default MLP one, or with ``env.privileged_obs`` (PPO / APPO, checked
     when composing) the asymmetric actor-critic whose policy does not see the privileged part."""
     model_config = {
         "fcnet_hiddens": list(cfg.algo.hidden),
@@ -161,10 +161,10 @@ def rl_module_options(cfg: DictConfig) -> Dict[str, Any]:
         return {"model_config": model_config}
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
-    from raylab.algorithms.modules import ACTOR_OBS_DIM, AsymmetricPPOModule
+    from raylab.algorithms.modules import ACTOR_OBS_DIM, MODULES
 
     model_config[ACTOR_OBS_DIM] = actor_obs_dim(cfg)
-    return {"rl_module_spec": RLModuleSpec(module_class=AsymmetricPPOModule,
+    return {"rl_module_spec": RLModuleSpec(module_class=MODULES[cfg.algo.name],
                                            model_config=model_config)}  # fmt: skip
 
 

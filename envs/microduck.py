@@ -53,6 +53,9 @@ ACTUATOR_NAMES: Tuple[str, ...] = (
 )  # fmt: skip
 NUM_ACTIONS = len(ACTUATOR_NAMES)
 OBS_DIM = 48
+# privileged_obs: the critic-only entries after the 48: trunk-frame linear velocity (m/s, the
+# velocimeter at the IMU) and trunk height (m, the IMU site's z).
+PRIVILEGED_DIM = 4
 N_SUBSTEPS = 10  # mj_step per control step: 10 x 0.002 s = 50 Hz control
 CONTROL_DT = 0.02
 STAND_HEIGHT = 0.12  # trunk origin in the "stand" keyframe (m)
@@ -158,6 +161,7 @@ class BalanceOptions:
     latency_steps: int = 0
     sensor_noise: bool = False
     domain_randomization: bool = False
+    privileged_obs: bool = False
 
     def __post_init__(self):
         check_choice("reward_version", self.reward_version, REWARD_VERSIONS)
@@ -577,7 +581,9 @@ class MicroduckBalanceEnv(gym.Env):
         self.data = mujoco.MjData(self.model)
         self.robot = robot_index(self.opts.variant)
         self.nominal = nominal_physics(self.model)
-        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)
+        self.actor_obs_dim = OBS_DIM
+        dim = OBS_DIM + (PRIVILEGED_DIM if self.opts.privileged_obs else 0)
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (dim,), np.float32)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (NUM_ACTIONS,), np.float32)
         self.action_clip_count = 0  # action entries clipped to [-1, 1] since construction
         self.params: Optional[EpisodeParams] = None
@@ -670,7 +676,12 @@ class MicroduckBalanceEnv(gym.Env):
             quat = quat + QUAT_NOISE_STD * n[3:]
         gravity = np.array(projected_gravity(quat))
         raw = np.concatenate([q - self.robot.stand, qd, action, gyro, gravity])
-        return (raw * OBS_SCALE).astype(np.float32)
+        obs = (raw * OBS_SCALE).astype(np.float32)
+        if not self.opts.privileged_obs:
+            return obs
+        extra = np.concatenate([self.data.sensor("local_linvel").data,
+                                self.data.sensor("trunk_pos").data[2:3]])  # fmt: skip
+        return np.concatenate([obs, extra.astype(np.float32)])
 
     def _trunk_height(self) -> float:
         return float(self.data.xpos[self.robot.trunk_id, 2])

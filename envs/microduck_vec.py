@@ -41,6 +41,7 @@ from raylab.envs.microduck import (
     N_SUBSTEPS,
     NUM_ACTIONS,
     OBS_DIM,
+    PRIVILEGED_DIM,
     QUAT_NOISE_STD,
     REWARD_WEIGHTS,
     STAND_HEIGHT,
@@ -217,6 +218,20 @@ OBSERVATIONS = (
     ObsTerm("projected_gravity", obs_gravity, 3, scale=1.0),
 )
 
+def obs_base_lin_vel(env):
+    return env.lin_vel
+
+
+def obs_base_height(env):
+    return env.trunk_height[:, None]
+
+
+# privileged_obs: critic-only entries after the policy's observation (microduck.PRIVILEGED_DIM).
+PRIVILEGED_OBSERVATIONS = (
+    ObsTerm("base_lin_vel", obs_base_lin_vel, 3),
+    ObsTerm("base_height", obs_base_height, 1),
+)
+
 _REWARD_FNS = {
     "v1": {
         "upright": upright,
@@ -303,7 +318,8 @@ class MicroduckBalanceVecEnv(VectorEnv):
         self.num_threads = self.sim.num_threads
         self.nominal = nominal_physics(self.sim.prototype)
 
-        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)
+        dim = OBS_DIM + (PRIVILEGED_DIM if self.opts.privileged_obs else 0)
+        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (dim,), np.float32)
         self.single_action_space = gym.spaces.Box(-1.0, 1.0, (NUM_ACTIONS,), np.float32)
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, n)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, n)
@@ -331,7 +347,9 @@ class MicroduckBalanceVecEnv(VectorEnv):
         self.obs_gravity = np.zeros((n, 3))
 
         self.rngs: List[np.random.Generator] = [np.random.default_rng() for _ in range(n)]
-        self.observations = ObservationManager(OBSERVATIONS, n)
+        terms = OBSERVATIONS + (PRIVILEGED_OBSERVATIONS if self.opts.privileged_obs else ())
+        self.observations = ObservationManager(terms, n)
+        self.actor_obs_dim = ObservationManager(OBSERVATIONS, 1).dim
         self.rewards = RewardManager(REWARDS[self.reward_version], n)
         self.terminations = TerminationManager(TERMINATIONS, n)
         self.commands = CommandManager(COMMANDS, n)
@@ -355,6 +373,7 @@ class MicroduckBalanceVecEnv(VectorEnv):
         self.gyro = sd[:, s["gyro"]]
         self.quat = sd[:, s["orientation"]]
         self.trunk_height = sd[:, s["trunk_pos"].start + 2]
+        self.lin_vel = sd[:, s["local_linvel"]]
         self.upright_cos = -gravity_from_quat(self.quat)[:, 2]
 
     def _observe_sensors(self, env_ids: np.ndarray) -> None:

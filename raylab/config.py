@@ -369,10 +369,10 @@ def _check_fast_sampler(cfg: DictConfig) -> None:
 
 
 def _check_privileged_obs(cfg: DictConfig) -> None:
-    if cfg.env.get("privileged_obs", False) and cfg.algo.name != "ppo":
+    if cfg.env.get("privileged_obs", False) and cfg.algo.name not in ("ppo", "appo"):
         raise UserError(
-            f"env.privileged_obs=true needs --algo ppo (its asymmetric critic hides the "
-            f"privileged state from the policy); {cfg.algo.name} would feed it to the policy"
+            f"env.privileged_obs=true needs --algo ppo or appo (their asymmetric critic hides "
+            f"the privileged state from the policy); {cfg.algo.name} would feed it to the policy"
         )
 
 

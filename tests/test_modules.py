@@ -17,8 +17,8 @@ from raylab.config import compose
 from raylab.errors import UserError
 
 
-def _module(inference_only: bool = False):
-    cfg = compose("ppo", "go2_joystick_flat", "mujoco", ["env.privileged_obs=true"])
+def _module(inference_only: bool = False, algo: str = "ppo"):
+    cfg = compose(algo, "go2_joystick_flat", "mujoco", ["env.privileged_obs=true"])
     opts = rl_module_options(cfg)
     spec = opts["rl_module_spec"]
     env = gym.make_vec(cfg.env.gym_id, num_envs=1, vectorization_mode="vector_entry_point",
@@ -79,7 +79,40 @@ def test_privileged_obs_appends_after_the_policy_observation():
     priv.close()
 
 
-@pytest.mark.parametrize("algo", ["appo", "sac"])
-def test_privileged_obs_is_refused_where_the_policy_would_see_it(algo):
-    with pytest.raises(UserError, match="privileged_obs=true needs --algo ppo"):
-        compose(algo, "go2_joystick_flat", "mujoco", ["env.privileged_obs=true"])
+def test_appo_target_policy_sees_only_the_policy_part():
+    from ray.rllib.core.rl_module.apis.target_network_api import TARGET_NETWORK_ACTION_DIST_INPUTS
+
+    cfg, module = _module(algo="appo")
+    module.make_target_networks()
+    k = actor_obs_dim(cfg)
+    obs = torch.randn(4, module.observation_space.shape[0])
+    other = obs.clone()
+    other[:, k:] += 3.0
+    with torch.no_grad():
+        a = module.forward_target({Columns.OBS: obs})[TARGET_NETWORK_ACTION_DIST_INPUTS]
+        b = module.forward_target({Columns.OBS: other})[TARGET_NETWORK_ACTION_DIST_INPUTS]
+        assert torch.equal(a, b)
+        # The target starts as a copy of the policy.
+        assert torch.allclose(a, module.forward_inference({Columns.OBS: obs})[Columns.ACTION_DIST_INPUTS])
+
+
+def test_privileged_obs_is_refused_where_the_policy_would_see_it():
+    with pytest.raises(UserError, match="privileged_obs=true needs --algo ppo or appo"):
+        compose("sac", "go2_joystick_flat", "mujoco", ["env.privileged_obs=true"])
+
+
+def test_balance_privileged_obs_is_the_same_in_the_reference_and_the_batched_env():
+    vec = gym.make_vec("raylab/MicroduckBalance-v0", num_envs=3,
+                       vectorization_mode="vector_entry_point", privileged_obs=True)  # fmt: skip
+    refs = [gym.make("raylab/MicroduckBalance-v0", privileged_obs=True) for _ in range(3)]
+    obs, _ = vec.reset(seed=5)
+    assert obs.shape == (3, 52) and vec.actor_obs_dim == 48
+    np.testing.assert_array_equal(obs, np.stack([e.reset(seed=5 + i)[0] for i, e in enumerate(refs)]))
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        act = rng.uniform(-1, 1, (3, 14)).astype(np.float32)
+        obs, *_ = vec.step(act)
+        np.testing.assert_array_equal(obs, np.stack([e.step(act[i])[0] for i, e in enumerate(refs)]))
+    # The policy's 48 entries are the plain task's; the last one is the trunk height.
+    np.testing.assert_allclose(obs[:, 51], vec.unwrapped.trunk_height, rtol=1e-6)
+    vec.close()

@@ -50,6 +50,11 @@ class MicroduckBalanceConfig(EnvConfig):
     latency_steps: int = _f(0, "action latency in control steps (0-2)")
     sensor_noise: bool = _f(False, "Gaussian noise on gyro and orientation")
     domain_randomization: bool = _f(False, "randomise servos, masses, friction, latency, noise")
+    privileged_obs: bool = _f(
+        False,
+        "append privileged state (trunk-frame velocity, trunk height) after the 48 observation "
+        "entries: the PPO / APPO critic sees it, the policy does not (asymmetric critic)",
+    )
     autoreset_mode: str = _f("next_step", "vector autoreset", ("next_step", "same_step"))
     info_mode: str = _f(
         "none",

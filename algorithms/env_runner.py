@@ -202,9 +202,11 @@ class RaylabEvalEnvRunner(RaylabEnvRunner):
         self.module.eval()
         space = self._eval_env.single_action_space
         seed = int(getattr(self.config, "raylab_eval_seed", 0))
+        t0 = time.perf_counter()
         stats = run_policy_episodes(deterministic_policy(self.module, space), self._eval_env,
                                     int(num_episodes), seed)  # fmt: skip
         tracker = stats_tracker.get(EVAL_TRACKER)
+        tracker.scalar(**{S.PERF_EVALUATION_MS: (time.perf_counter() - t0) * 1000.0})
         tracker.scalar_series(**{S.EVAL_MEAN_REWARD: np.asarray(stats["returns"])})
         tracker.scalar_series(**{S.EVAL_MEAN_EPISODE_LENGTH: np.asarray(stats["lengths"])})
         if stats["survivals"] is not None:

@@ -125,7 +125,7 @@ POLICY_LABELS: Dict[str, str] = {
 
 _REWARD_PREFIX = S.TAGS[S.REWARD_FAMILY].family_prefix
 _LOSS_PREFIX = S.TAGS[S.LOSS_FAMILY].family_prefix
-EVAL_TAGS = (S.EVAL_MEAN_REWARD, S.EVAL_MEAN_EPISODE_LENGTH, S.EVAL_SURVIVAL)
+EVAL_TAGS = (S.EVAL_MEAN_REWARD, S.EVAL_MEAN_EPISODE_LENGTH, S.EVAL_SURVIVAL, S.PERF_EVALUATION_MS)
 _POLICY_PREFIX = S.TAGS[S.POLICY_FAMILY].family_prefix
 
 
@@ -369,6 +369,8 @@ def system_rows(values: Mapping[str, float], system: SystemInfo,
         rows.append(("Staleness", fmt_number(values[S.PERF_POLICY_STALENESS], sig)))
     if S.PERF_WEIGHT_BROADCAST_MS in values:
         rows.append(("Weight Sync", fmt_number(values[S.PERF_WEIGHT_BROADCAST_MS], sig) + " ms"))
+    if S.PERF_EVALUATION_MS in values:
+        rows.append(("Eval Time", fmt_number(values[S.PERF_EVALUATION_MS] / 1000.0, sig) + " s"))
     if values.get(S.PERF_ENV_RUNNER_RESTARTS, 0) > 0:
         rows.append(("Restarts", f"{values[S.PERF_ENV_RUNNER_RESTARTS]:,.0f}"))
     return rows

@@ -307,13 +307,16 @@ def test_metrics_and_rewards_use_short_stable_labels():
 
 def test_the_latest_evaluation_is_shown_until_the_next_one():
     panel = T.TerminalPanel(system())
-    panel.add_sample({S.TRAIN_MEAN_REWARD: 10.0, S.EVAL_MEAN_REWARD: 40.0, S.EVAL_SURVIVAL: 0.5}, 0.0)
+    panel.add_sample({S.TRAIN_MEAN_REWARD: 10.0, S.EVAL_MEAN_REWARD: 40.0, S.EVAL_SURVIVAL: 0.5,
+                      S.PERF_EVALUATION_MS: 2500.0}, 0.0)  # fmt: skip
     panel.add_sample({S.TRAIN_MEAN_REWARD: 11.0}, 10.0)  # later samples carry no evaluation
     snap = panel.snapshot(10.0)
     assert snap.values[S.EVAL_MEAN_REWARD] == 40.0  # outside the 2 s window, still shown
     labels = dict(T.metric_rows(snap.values))
     assert labels["Eval Reward"] == 40.0 and labels["Eval Survival"] == 0.5
     assert "eval 40.00" in T.progress_line(snap)
+    text = capture(panel.render(140, 10.0), 140)
+    assert re.search(r"Eval Reward +40\.0", text) and re.search(r"Eval Time +2\.50* s", text), text
     panel.add_sample({S.EVAL_MEAN_REWARD: 30.0}, 11.0)
     assert "eval 30.00 (best 40.00)" in T.summary_line(panel, 11.0)
 

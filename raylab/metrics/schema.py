@@ -186,6 +186,7 @@ PERF_COLLECTOR_RESET_DONE_MS = "Perf/collector_reset_done_ms"
 
 # algorithm loop (runner) diagnostics, counters and sizes
 PERF_WEIGHT_BROADCAST_MS = "Perf/weight_broadcast_ms"
+PERF_EVALUATION_MS = "Perf/evaluation_ms"
 PERF_ENV_RUNNER_RESTARTS = "Perf/env_runner_restarts"
 PERF_POLICY_STALENESS = "Perf/policy_staleness"
 PERF_REPLAY_BUFFER_SIZE = "Perf/replay_buffer_size"
@@ -351,6 +352,10 @@ _SPECS: Tuple[MetricSpec, ...] = (
     _spec(PERF_WEIGHT_BROADCAST_MS, "runner", "ms", "mean", _ALL,
           "Algorithm side syncing fresh weights to the EnvRunners (object-store put plus the "
           "actor calls); an algorithm-loop diagnostic, not a learner main phase",
+          kind="runner"),
+    _spec(PERF_EVALUATION_MS, "runner", "ms", "mean", _ALL,
+          "Wall time of the evaluation that ran in this iteration (its episodes on the "
+          "evaluation EnvRunner); reported with the Eval/* tags, not a learner phase",
           kind="runner"),
     _spec(PERF_ENV_RUNNER_RESTARTS, "runner", "count", "sum", _ALL,
           "EnvRunner actors restarted by fault tolerance since the run started"),

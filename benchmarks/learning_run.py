@@ -1,7 +1,7 @@
 """One documented learning run: train within a wall-time budget, evaluate, plot, save JSON.
 
     python benchmarks/learning_run.py NAME --algo ALGO --task TASK --budget-min M [--seed S]
-        [--target-x X] [-- KEY=VALUE ...]
+        [--target-x X] [--post-only] [-- KEY=VALUE ...]
 
 1. ``raylab train`` with ``training.time_budget_s = 60 * M`` (and no step limit) into
    ``runs/learning/NAME`` (ignored by git; the log next to it);
@@ -14,7 +14,8 @@
    baselines and the ratio to hold-pose (and the target ratio, when given); and
    ``benchmarks/learning/NAME.png``, the curve (``raylab plot``).
 
-Several seeds of one config: ``raylab plot runs/learning/A runs/learning/B ...``.
+``--post-only`` redoes steps 2-4 for a run that trained already. Several seeds of one config:
+``raylab plot runs/learning/A runs/learning/B ...``.
 """
 
 from __future__ import annotations
@@ -55,15 +56,20 @@ def main(argv=None) -> int:
     p.add_argument("--budget-min", type=float, required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target-x", type=float, default=None, help="target ratio to hold-pose")
-    p.add_argument("overrides", nargs="*")
-    a = p.parse_args(argv)
+    p.add_argument("--post-only", action="store_true", help="evaluate and write an existing run")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    overrides = argv[argv.index("--") + 1:] if "--" in argv else []
+    a = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    a.overrides = overrides
 
     sys.path.insert(0, str(REPO))
     from raylab.bench_common import busy_processes, machine_info
 
     run = RUNS / a.name
-    if run.exists():
+    if run.exists() and not a.post_only:
         p.error(f"{run} exists; pick another NAME or remove it")
+    if a.post_only and not run.exists():
+        p.error(f"--post-only: no run {run}")
     RUNS.mkdir(parents=True, exist_ok=True)
     OUT.mkdir(parents=True, exist_ok=True)
     train = [
@@ -76,18 +82,22 @@ def main(argv=None) -> int:
     print(f"== {command}\n== {' '.join(shlex.quote(x) for x in train)}", flush=True)
     before = {"machine": machine_info(), "busy": busy_processes()}
     t0 = time.time()
-    with open(RUNS / f"{a.name}.log", "w") as log:
-        rc = subprocess.run(train, stdout=log, stderr=subprocess.STDOUT).returncode
-    wall = time.time() - t0
+    rc, wall = 0, None
+    if not a.post_only:
+        with open(RUNS / f"{a.name}.log", "w") as log:
+            rc = subprocess.run(train, stdout=log, stderr=subprocess.STDOUT).returncode
+        wall = time.time() - t0
     summary = json.loads((run / "run_summary.json").read_text()) if (run / "run_summary.json").is_file() else {}
     result = {
         "name": a.name, "command": command, "train_command": train[1:], "returncode": rc,
         "algo": a.algo, "task": a.task, "seed": a.seed, "budget_min": a.budget_min,
-        "wall_s": round(wall, 1), "env_steps": summary.get("env_steps"),
+        "wall_s": round(wall, 1) if wall is not None else None,
+        "time_total_s": summary.get("time_total_s"), "env_steps": summary.get("env_steps"),
         "training_iteration": summary.get("training_iteration"),
         "best_eval_during_training": summary.get("best_eval"),
         "initial_eval": summary.get("initial_eval"),
         "machine_before": before["machine"], "busy_at_start": before["busy"],
+        "post_only": a.post_only,
     }  # fmt: skip
     result["eval_best"] = _eval(run, "best")
     result["eval_last"] = _eval(run, "last")

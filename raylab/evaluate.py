@@ -191,14 +191,15 @@ def eval_line(stats: Dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------------------------- baselines
 
-BASELINE_CACHE = Path.home() / ".cache" / "raylab" / "baselines"
+def _cache_root() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 
 
 def baseline_scores(cfg, episodes: int = 100, seed: int = 1000,
                     cache_dir: Optional[Path] = None) -> Dict[str, Dict[str, Any]]:  # fmt: skip
     """Hold-pose (zero action) and random-action scores on the task of ``cfg``, by
     :func:`run_policy_episodes` with the evaluation's protocol. Cached per task options under
-    ``~/.cache/raylab/baselines`` (they take seconds to minutes to compute)."""
+    ``$XDG_CACHE_HOME/raylab/baselines`` (default ``~/.cache``; they take seconds to compute)."""
     import hashlib
 
     from raylab.algorithms.build import env_options
@@ -206,7 +207,7 @@ def baseline_scores(cfg, episodes: int = 100, seed: int = 1000,
     options = {k: v for k, v in env_options(cfg).items() if k != "num_threads"}
     key = json.dumps({"task": cfg.task, "options": options, "episodes": episodes, "seed": seed},
                      sort_keys=True, default=str)  # fmt: skip
-    folder = Path(cache_dir) if cache_dir is not None else BASELINE_CACHE
+    folder = Path(cache_dir) if cache_dir is not None else _cache_root() / "raylab" / "baselines"
     path = folder / f"{cfg.task.replace('/', '_')}-{hashlib.sha1(key.encode()).hexdigest()[:12]}.json"
     if path.is_file():
         try:
@@ -225,8 +226,8 @@ def baseline_scores(cfg, episodes: int = 100, seed: int = 1000,
     finally:
         env.close()
     for s in scores.values():
-        for key in ("returns", "lengths", "survivals"):
-            s.pop(key, None)
+        for per_episode in ("returns", "lengths", "survivals"):
+            s.pop(per_episode, None)
     folder.mkdir(parents=True, exist_ok=True)
     from raylab.metrics.rundir import write_json_atomic
 

@@ -109,7 +109,8 @@ def plot_runs(run_dirs: Sequence[str], out: Optional[str] = None, baselines: boo
         for name, style in (("hold_pose", "--"), ("random", ":")):
             value = scores[name]["mean_return"]
             ax.axhline(value, color="0.35", linestyle=style, linewidth=1.2,
-                       label=f"{name.replace('_', '-')} {value:.1f}")  # fmt: skip
+                       label=f"{name.replace('_', '-')} {value:.1f} "
+                             f"({int(cfg.training.eval_episodes)} eval episodes)")  # fmt: skip
     seeds = sorted({int(c.training.seed) for c in cfgs})
     ax.set_title(
         f"{cfg.task} · {cfg.algo.name.upper()} · {len(runs)} run(s), seeds "

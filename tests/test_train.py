@@ -173,6 +173,27 @@ def test_raylab_eval_reproduces_the_evaluation_during_training(runs):
     assert out["mean_return"] == pytest.approx(best["score"], rel=1e-9, abs=1e-9)
 
 
+def test_plot_of_a_robot_run_draws_the_cached_baselines(runs, tmp_path):
+    from raylab.config import compose
+    from raylab.evaluate import baseline_scores
+
+    run_dir = runs("ppo", "microduck_balance")
+    out = tmp_path / "curve.png"
+    cache = tmp_path / "cache"
+    r = run_cli("plot", str(run_dir), "--out", str(out), env={"XDG_CACHE_HOME": str(cache)},
+                timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The lines are the evaluation code's hold-pose and random scores, computed once, cached.
+    cached = list((cache / "raylab" / "baselines").glob("microduck_balance-*.json"))
+    assert len(cached) == 1
+    scores = json.loads(cached[0].read_text())["scores"]
+    cfg = compose("ppo", "microduck_balance", "mujoco", ["env.num_envs=4"])
+    again = baseline_scores(cfg, episodes=EVAL_EPISODES, seed=1000, cache_dir=tmp_path / "fresh")
+    assert again["hold_pose"]["mean_return"] == scores["hold_pose"]["mean_return"]
+    assert scores["random"]["mean_return"] < scores["hold_pose"]["mean_return"]
+
+
 def test_eval_refuses_a_checkpoint_of_another_algorithm(runs):
     run_dir = runs("ppo")
     ckpt = read_summary(runs("appo") / "run_summary.json")["last_checkpoint"]

@@ -68,7 +68,9 @@ class TrainingConfig:
     eval_before_train: bool = _f(
         True, "also evaluate the initial policy once before the first update (Eval/* at step 0)"
     )
-    eval_episodes: int = _f(32, "episodes per evaluation (episode k seeded eval_seed + k)")
+    eval_episodes: int = _f(
+        100, "episodes per evaluation (episode k seeded eval_seed + k): the baselines' protocol"
+    )
     eval_seed: int = _f(1000, "seed of the first evaluation episode (raylab eval's default too)")
     iteration_s: float = _f(
         1.0, "minimum wall time of one training iteration (RLlib min_time_s_per_iteration)"

@@ -278,13 +278,17 @@ class RaylabTuneCallback(tune.Callback):
             runtime_manifest=run["manifest"],
         )
         best = result.get(BEST_EVAL_KEY)
-        if isinstance(best, dict) and best != run.get("best"):
-            # A new best evaluation (this iteration's): its checkpoint follows (on_checkpoint).
-            run["best"] = dict(best)
-            run["dir"].update_summary(best_eval={
-                "score": float(best["score"]), "training_iteration": int(best["iteration"]),
-                "env_steps": step, "checkpoint": None,
-            })  # fmt: skip
+        if isinstance(best, dict) and best != run.get("seen_best"):
+            run["seen_best"] = dict(best)
+            # A new best evaluation (this iteration's) unless the run directory already holds
+            # a better one: after --resume the algorithm's best is its checkpoint's, which can
+            # be older than what the driver recorded before it died.
+            prior = run["dir"].read_summary().get("best_eval") or {}
+            if prior.get("score") is None or float(best["score"]) > float(prior["score"]):
+                # Recorded once its checkpoint is copied (on_checkpoint), so the summary never
+                # names a best without its checkpoint.
+                run["best"] = {"score": float(best["score"]),
+                               "training_iteration": int(best["iteration"]), "env_steps": step}
         if self.progress is not None:
             self.progress(trial, result, metrics)
         from raylab.dashboard import export_result  # Ray dashboard gauges (never raises)
@@ -294,16 +298,16 @@ class RaylabTuneCallback(tune.Callback):
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
         run = self._run(trial)
         run["dir"].update_summary(last_checkpoint=str(checkpoint.path))
-        best = run.get("best")
+        best = run.pop("best", None)
         last = trial.last_result or {}
-        if best is not None and int(best["iteration"]) == int(last.get("training_iteration", -1)):
+        if best is not None and best["training_iteration"] == int(last.get("training_iteration", -1)):
             # This checkpoint holds the best evaluated policy so far: keep a copy as `best`
             # (Tune rotates its own checkpoints away, num_to_keep).
             dest = keep_best_checkpoint(Path(checkpoint.path), run["dir"].checkpoint_dir)
-            summary = run["dir"].read_summary()
-            run["dir"].update_summary(best_eval={**(summary.get("best_eval") or {}),
-                                                 "checkpoint": str(dest),
+            run["dir"].update_summary(best_eval={**best, "checkpoint": str(dest),
                                                  "source": str(checkpoint.path)})  # fmt: skip
+        elif best is not None:
+            run["best"] = best  # a checkpoint of another iteration: wait for the best's
 
     def _finish(self, trial, status: str, error: Optional[str] = None):
         run = self._runs.get(trial.trial_id)

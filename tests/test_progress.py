@@ -157,3 +157,21 @@ def test_window_and_best_eval_survive_a_restore(tmp_path):
         restored.stop()
     finally:
         ray.shutdown()
+
+
+@pytest.mark.parametrize("before", [True, False])
+def test_eval_every_zero(before, tmp_path):
+    """training.eval_every=0: only the initial policy's evaluation (or none at all)."""
+    run_dir = tmp_path / "run"
+    args = [a for a in PROBE if not a.startswith("training.eval_every")]
+    r = run_cli("train", *args, "training.eval_every=0", f"training.eval_before_train={before}",
+                "training.total_steps=600", f"training.log_dir={run_dir}", timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    evals = dict(extract(run_dir).column(S.EVAL_MEAN_REWARD)) if before else {}
+    if before:
+        assert evals == {0: 1.0}
+    else:
+        assert S.EVAL_MEAN_REWARD not in extract(run_dir).tags
+    summary = read_summary(run_dir)
+    assert "best_eval" not in summary and ("initial_eval" in summary) == before
+    assert not (run_dir / "checkpoints" / "best").exists()

@@ -46,7 +46,11 @@ from raylab.errors import UserError, choices_hint
 ALGOS = ("appo", "sac", "ppo")
 SIDES = ("batched", "gym_sync")
 # Settings every benchmark run gets (no panel, no dashboard, no checkpoints in the way).
-BENCH_OVERRIDES = ("resources.dashboard=false",)
+# Throughput runs evaluate nothing (an evaluation pauses the algorithm loop); a benchmark that
+# wants it passes training.eval_every=N (later overrides win).
+BENCH_OVERRIDES = (
+    "resources.dashboard=false", "training.eval_every=0", "training.eval_before_train=false",
+)
 SETTLE_S = 2.0  # pause after a training run, before its reference window
 # End to end, raylab's default path against stock RLlib (PPO / APPO): at least 2x.
 GOALS = {"batched_over_gym_sync": 2.0, "sac_over_torch_limit": 0.6, "sac_over_stock": 4.0}

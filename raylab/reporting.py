@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
 from ray import tune
+from ray.rllib.utils.metrics import EVALUATION_RESULTS
 
 from raylab.algorithms.timeline import (
     COLLECTOR_TRACKER,
@@ -28,8 +29,6 @@ from raylab.algorithms.timeline import (
 )
 from raylab.algorithms.algorithm import BEST_EVAL_KEY, EVAL_BEFORE_TRAIN_KEY, eval_tags
 from raylab.metrics import schema as S
-
-EVALUATION_RESULTS = "evaluation"  # RLlib's key of the evaluation results
 
 STEPS_KEY = ("env_runners", "num_env_steps_sampled_lifetime")
 RUNTIME_KEY = "raylab_runtime"

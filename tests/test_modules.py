@@ -101,6 +101,15 @@ def test_privileged_obs_is_refused_where_the_policy_would_see_it():
         compose("sac", "go2_joystick_flat", "mujoco", ["env.privileged_obs=true"])
 
 
+def test_go2_defaults_to_the_asymmetric_critic_for_ppo_and_appo_only():
+    for algo in ("ppo", "appo"):
+        cfg = compose(algo, "go2_joystick_flat", "mujoco", [])
+        assert cfg.env.privileged_obs is True and cfg.env.num_envs == 32
+        assert rl_module_options(cfg)["rl_module_spec"].module_class.__name__.startswith("Asymmetric")
+    assert compose("sac", "go2_joystick_flat", "mujoco", []).env.privileged_obs is False
+    assert compose("ppo", "go2_joystick_flat", "mujoco", ["env.privileged_obs=false"]).env.privileged_obs is False
+
+
 def test_balance_privileged_obs_is_the_same_in_the_reference_and_the_batched_env():
     vec = gym.make_vec("raylab/MicroduckBalance-v0", num_envs=3,
                        vectorization_mode="vector_entry_point", privileged_obs=True)  # fmt: skip

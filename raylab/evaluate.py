@@ -333,10 +333,10 @@ def render_episode(policy: Policy, cfg, seed: int, path: Path) -> int:
 
 
 class _Renderer:
-    """MuJoCo offscreen renderer following the robot (EGL unless MUJOCO_GL says otherwise)."""
+    """MuJoCo offscreen renderer following the robot (EGL unless MUJOCO_GL says otherwise: the
+    platform is chosen in ``raylab/__init__.py``, before anything imports mujoco)."""
 
-    def __init__(self, env, width: int = 480, height: int = 360):
-        os.environ.setdefault("MUJOCO_GL", "egl")
+    def __init__(self, env, width: int = 640, height: int = 480):  # x264 wants multiples of 16
         import mujoco
 
         base = env.unwrapped
@@ -345,7 +345,7 @@ class _Renderer:
             self.renderer = mujoco.Renderer(self.model, height, width)
         except Exception as e:
             raise UserError(
-                f"offscreen rendering is unavailable (MUJOCO_GL={os.environ['MUJOCO_GL']}): {e}; "
+                f"offscreen rendering is unavailable (MUJOCO_GL={os.environ.get('MUJOCO_GL', '')}): {e}; "
                 "install libegl-mesa0 (or libosmesa6 and set MUJOCO_GL=osmesa)"
             ) from e
         self.camera = mujoco.MjvCamera()

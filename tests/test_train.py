@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import RAYLAB, run_cli
 from raylab.metrics import schema as S
 from raylab.metrics.extract import extract
 from raylab.metrics.manifest import validate_manifest
@@ -171,6 +172,32 @@ def test_raylab_eval_reproduces_the_evaluation_during_training(runs):
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads((run_dir / "eval.json").read_text())
     assert out["mean_return"] == pytest.approx(best["score"], rel=1e-9, abs=1e-9)
+
+
+def _egl_available() -> bool:
+    import ctypes.util
+
+    return ctypes.util.find_library("EGL") is not None
+
+
+@pytest.mark.skipif(not _egl_available(), reason="no EGL library (CI installs libegl-mesa0)")
+def test_eval_video_renders_one_episode_offscreen(runs):
+    """`raylab eval --video` on a robot run: an MP4 with one frame per control step, rendered
+    with EGL (no display), in a process where the envs imported mujoco first."""
+    import imageio.v3 as iio
+
+    run_dir = runs("ppo", "microduck_balance")
+    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY")}
+    r = subprocess.run([RAYLAB, "eval", str(run_dir), "--episodes", "1", "--video"],
+                       capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads((run_dir / "eval.json").read_text())
+    video = Path(out["video"])
+    assert video == run_dir / "play_video.mp4" and video.stat().st_size > 1000
+    frames = list(iio.imiter(video))
+    assert len(frames) == out["video_frames"] == out["lengths"][0]
+    assert frames[0].shape == (480, 640, 3) and frames[0].std() > 0  # not a blank image
+    assert "GLFW" not in r.stderr
 
 
 def test_plot_of_a_robot_run_draws_the_cached_baselines(runs, tmp_path):

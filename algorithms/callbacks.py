@@ -15,6 +15,9 @@ from raylab.algorithms.timeline import COLLECTOR_TRACKER, push_partial_state
 from raylab.metrics import schema as S
 from raylab.metrics import tracker as stats_tracker
 
+# Result key of the actor placement the driver turns into the runtime manifest.
+RUNTIME_KEY = "raylab_runtime"
+
 
 class RaylabCallbacks(RLlibCallback):
     _runtime_key = None
@@ -30,8 +33,6 @@ class RaylabCallbacks(RLlibCallback):
         # EnvRunner restart (the driver's Tune callback turns it into the manifest).
         restarts = result.get("fault_tolerance", {}).get("num_remote_worker_restarts", 0)
         if self._runtime_key != restarts:
-            from raylab.reporting import RUNTIME_KEY
-
             result[RUNTIME_KEY] = {**runtime_info(algorithm), "restarts": restarts}
             self._runtime_key = restarts
 

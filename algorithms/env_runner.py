@@ -12,7 +12,7 @@
   through RLlib's loop, after which the fast loop starts from a fresh reset.
 - :class:`RaylabEvalEnvRunner`: the EnvRunner of RLlib's evaluation group. RLlib schedules the
   evaluation (``evaluation_interval``, ``evaluation_duration`` episodes) and syncs the weights;
-  the episodes are run by :func:`raylab.evaluate.run_policy_episodes`, the code ``raylab eval``
+  the episodes are run by :func:`raylab.algorithms.evaluation.run_policy_episodes`, the code ``raylab eval``
   runs, on an env built like the training env: deterministic actions, episode k seeded
   ``training.eval_seed + k``.
 """
@@ -172,7 +172,7 @@ class RaylabFastEnvRunner(RaylabEnvRunner):
 
 class RaylabEvalEnvRunner(RaylabEnvRunner):
     """Evaluation EnvRunner: ``sample(num_episodes=N)`` without exploration runs N episodes of
-    :func:`raylab.evaluate.run_policy_episodes` and reports their statistics as the ``Eval/*``
+    :func:`raylab.algorithms.evaluation.run_policy_episodes` and reports their statistics as the ``Eval/*``
     tags through the ``eval`` stats tracker (merged across evaluation EnvRunners by weight)."""
 
     _eval_env = None
@@ -188,7 +188,7 @@ class RaylabEvalEnvRunner(RaylabEnvRunner):
                 num_timesteps=num_timesteps, num_episodes=num_episodes, explore=explore,
                 random_actions=random_actions, force_reset=force_reset, **kwargs,
             )  # fmt: skip
-        from raylab.evaluate import (
+        from raylab.algorithms.evaluation import (
             MAX_EVAL_ENVS, deterministic_policy, eval_vec_env, run_policy_episodes,
         )  # fmt: skip
 

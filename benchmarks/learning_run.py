@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     a.overrides = overrides
 
     sys.path.insert(0, str(REPO))
-    from raylab.bench_common import busy_processes, machine_info
+    from raylab.bench.common import busy_processes, machine_info
 
     run = RUNS / a.name
     if run.exists() and not a.post_only:

@@ -1,7 +1,7 @@
 """Sample efficiency of raylab's SAC against RLlib's stock SAC with the same hyperparameters.
 
 For each seed, trains raylab SAC (what `raylab train --algo sac` builds) and RLlib's own SACConfig
-(`raylab.bench_train.stock_sac_config`: same network sizes, learning rates, batch, tau, initial
+(`raylab.bench.train.stock_sac_config`: same network sizes, learning rates, batch, tau, initial
 alpha and replay ratio) on one task, alternating which goes first, and records the learning curve
 (env steps sampled, mean episode return) until the return reaches the threshold or the step
 budget runs out. Speed is not the point here (see `raylab bench train --algo sac`): the result is
@@ -27,12 +27,12 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from raylab import bench_common as C
+from raylab.bench import common as C
 
 
 def learn(contender: str, task: str, seed: int, threshold: float, max_steps: int,
           overrides: Sequence[str]) -> Dict[str, Any]:
-    from raylab.bench_train import algorithm_config, compose_cfg, stop_algorithm
+    from raylab.bench.train import algorithm_config, compose_cfg, stop_algorithm
     from raylab.reporting import env_steps
 
     cfg = compose_cfg("sac", task, [f"training.seed={seed}", *overrides])
@@ -80,7 +80,7 @@ def main(argv: Sequence[str]) -> int:
 
     import ray
 
-    from raylab.bench_train import compose_cfg
+    from raylab.bench.train import compose_cfg
     from raylab.train import init_ray
 
     check = C.machine_check(3)

@@ -15,8 +15,9 @@ the tables into arrays, keep the per-term logging sums, and hand them out with `
   weight (envs that were being reset on a step are not counted on that step);
 - ``Episode_Termination/<term>``: number of episodes ended by that term since the last pop.
 
-Tag strings come from the canonical metrics schema's family helpers
-(``raylab.metrics.schema.reward_tag`` / ``termination_tag``), imported in one place below.
+These are two tag families of the canonical metric schema. The envs are the bottom layer and
+import nothing above ``raylab.envs``, so :func:`reward_tag` / :func:`termination_tag` below spell
+the two prefixes; a test holds them equal to ``raylab.metrics.schema``'s helpers.
 
 Arithmetic note: the batched env must equal the single-env reference bit for bit. Term
 functions therefore stay elementwise per env, and any reduction over a term's channels runs
@@ -31,11 +32,17 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-# Tag names belong to the canonical metrics schema; these two family helpers are the only way
-# this package builds them (re-exported for the envs).
-from raylab.metrics.schema import reward_tag, termination_tag  # noqa: F401
-
 TermFn = Callable[[Any], np.ndarray]
+
+
+def reward_tag(term: str) -> str:
+    """``reward/<term>``: the log key (and metric tag) of a reward term."""
+    return "reward/" + term
+
+
+def termination_tag(term: str) -> str:
+    """``Episode_Termination/<term>``: the log key (and metric tag) of a termination term."""
+    return "Episode_Termination/" + term
 
 
 # ---------------------------------------------------------------------------------------------

@@ -138,11 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     # bench
     p = sub.add_parser(
         "bench",
-        help="throughput benchmarks (env, compare, train, plot)",
-        description="Throughput benchmarks with drift guards; results are saved as JSON.",
+        help="benchmarks (env, compare, train, plot, baselines)",
+        description="Throughput benchmarks with drift guards, and the fixed-policy baselines; "
+        "results are saved as JSON.",
         formatter_class=_Formatter,
     )
-    p.add_argument("what", nargs="?", default=None, help="env | compare | train | plot")
+    p.add_argument("what", nargs="?", default=None, help="env | compare | train | plot | baselines")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="options of the benchmark")
     p.set_defaults(func=_cmd_bench)
 
@@ -204,17 +205,18 @@ def _cmd_tune(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    # Each benchmark has its own parser (`raylab bench env --help`); they live in
-    # raylab/bench_env.py, bench_train.py and bench_plot.py and are imported only when used.
+    # Each benchmark has its own parser (`raylab bench env --help`); they live in the
+    # raylab.bench package and are imported only when used.
     choices = {
-        "env": ("raylab.bench_env", "main_env"),
-        "compare": ("raylab.bench_env", "main_compare"),
-        "train": ("raylab.bench_train", "main"),
-        "plot": ("raylab.bench_plot", "main"),
+        "env": ("raylab.bench.env", "main_env"),
+        "compare": ("raylab.bench.env", "main_compare"),
+        "train": ("raylab.bench.train", "main"),
+        "plot": ("raylab.bench.plot", "main"),
+        "baselines": ("raylab.bench.baselines", "main"),
     }
     if args.what is None:
         raise UserError(
-            "raylab bench: say which benchmark: env | compare | train | plot "
+            f"raylab bench: say which benchmark: {' | '.join(choices)} "
             "(`raylab bench env --help` lists its options)"
         )
     if args.what not in choices:

@@ -1,24 +1,18 @@
-"""Evaluation: a policy run deterministically on fixed-seed episodes.
+"""Evaluation of trained policies: ``raylab eval``, the baselines, the track-error tool, video.
 
-One code path serves ``raylab eval`` and the evaluation during training (RLlib's evaluation
-EnvRunner, :class:`~raylab.algorithms.env_runner.RaylabEvalEnvRunner`, calls
-:func:`run_policy_episodes` on its own vector env) and the baselines the plots draw (hold-pose
-and random actions, :func:`baseline_scores`):
-
-- episode ``k`` of an evaluation starts from ``reset(seed=seed + k)``, whatever the number of
-  envs it runs on: rounds of ``num_envs`` episodes, each round a fresh seeded reset of the
-  vector env (env ``i`` of a round seeded ``seed + first + i``), one episode per env;
-- actions are the policy's deterministic ones (the mean of its Gaussian), in the env's units;
-- survival is the task's own definition: the share of an episode's steps on which
-  ``info["fallen"]`` is false (Microduck balance: :func:`raylab.envs.microduck.is_fallen`), and
-  0 for an episode that terminated (a joystick robot that fell); tasks without ``fallen``
-  (Gymnasium ids) report none;
-- joystick tasks also report tracking errors, |cmd_xy - v_xy| (m/s) and |cmd_yaw - yaw rate|
-  (rad/s) averaged over the steps with a non-zero command (``_moving``) and over all steps.
+The episodes themselves are run by :func:`raylab.algorithms.evaluation.run_policy_episodes`,
+the code the evaluation during training runs too (its docstring has the seeding, survival and
+tracking-error rules).
 
 ``raylab eval`` prints mean return, survival, episode length (and tracking errors), writes
 ``eval.json`` into the run directory and, with ``--video``, renders ``play_video.mp4`` of the
 first episode with MuJoCo's offscreen renderer (EGL or OSMesa when there is no GPU).
+
+Tracking errors of every checkpoint of a joystick run next to holding the default pose, with
+the policy's deterministic and (``--sample``) sampled actions, on the same seeds::
+
+    python -m raylab.evaluate track-error RUN_DIR [--episodes 16] [--seed 1000] [--all] [--sample]
+    python -m raylab.evaluate track-error --task go2_joystick_flat    # the baseline only
 """
 
 from __future__ import annotations
@@ -28,56 +22,24 @@ import os
 import pickle
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 
+from raylab.algorithms.evaluation import (
+    MAX_EVAL_ENVS,
+    Policy,
+    deterministic_policy,
+    eval_vec_env,
+    hold_pose_policy,
+    random_policy,
+    run_policy_episodes,
+    sampled_policy,
+)
 from raylab.errors import UserError
 from raylab.train import TUNE_DIR, load_run_config
 
 MODULE_SUBDIR = Path("learner_group") / "learner" / "rl_module" / "default_policy"
-# Envs stepped at once by an evaluation (fewer when it runs fewer episodes).
-MAX_EVAL_ENVS = 100
-
-Policy = Callable[[np.ndarray], np.ndarray]  # (N, obs) float32 -> (N, action) in env units
-
-
-# ---------------------------------------------------------------------------------- policies
-
-
-def deterministic_policy(module, action_space) -> Policy:
-    """An RLModule's deterministic action for a batch of observations, in the env's units.
-
-    RLlib trains in a normalised [-1, 1] action space (``normalize_actions=True``); the action
-    is unsquashed into ``action_space`` and clipped to it."""
-    import torch
-    from ray.rllib.core.columns import Columns
-    from ray.rllib.utils.spaces.space_utils import unsquash_action
-
-    dist_cls = module.get_inference_action_dist_cls()
-
-    def act(obs: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            out = module.forward_inference({Columns.OBS: torch.as_tensor(obs, dtype=torch.float32)})
-            dist = dist_cls.from_logits(out[Columns.ACTION_DIST_INPUTS])
-            action = dist.to_deterministic().sample().cpu().numpy()
-        return np.clip(unsquash_action(action, action_space), action_space.low, action_space.high)
-
-    return act
-
-
-def hold_pose_policy(action_space) -> Policy:
-    """The do-nothing baseline: zero action (robot tasks: the servos hold the stand pose)."""
-    return lambda obs: np.zeros((obs.shape[0], *action_space.shape), dtype=action_space.dtype)
-
-
-def random_policy(action_space, seed: int = 0) -> Policy:
-    """Uniform random actions (numpy generator seeded ``seed``)."""
-    rng = np.random.default_rng(seed)
-    low, high = action_space.low, action_space.high
-    return lambda obs: rng.uniform(low, high, size=(obs.shape[0], *action_space.shape)).astype(
-        action_space.dtype
-    )
 
 
 # ---------------------------------------------------------------------------------- episodes
@@ -92,87 +54,6 @@ def make_eval_env(cfg, num_envs: int, num_threads: Optional[int] = None):
     if num_threads is not None and cfg.task in TASKS:
         options["num_threads"] = int(num_threads)
     return eval_vec_env(env_id_for_runner(cfg), options, num_envs, batched=cfg.task in TASKS)
-
-
-def eval_vec_env(env_id: str, options: Dict[str, Any], num_envs: int, batched: bool):
-    """The evaluation vector env: the training env's id and options; for raylab tasks their
-    batched env with per-env infos and NEXT_STEP autoreset (what :func:`run_policy_episodes`
-    reads), for any other Gymnasium id Gymnasium's SyncVectorEnv."""
-    import gymnasium as gym
-
-    import raylab.envs  # noqa: F401  (registers raylab tasks)
-
-    options = dict(options)
-    if not batched:
-        return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", **options)
-    options["num_threads"] = max(1, min(int(options.get("num_threads", 1)), num_envs))
-    options.update(autoreset_mode="next_step", info_mode="full")
-    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", **options)
-
-
-def run_policy_episodes(policy: Policy, env, episodes: int, seed: int) -> Dict[str, Any]:
-    """Run ``episodes`` episodes of ``policy`` on the vector ``env`` (see the module docstring
-    for the seeding and survival rules) and return their statistics."""
-    n = int(env.num_envs)
-    returns, lengths, survival = [], [], []
-    has_fallen = tracks = False
-    err = {k: 0.0 for k in ("lin", "yaw", "lin_m", "yaw_m")}
-    n_all = n_moving = 0
-    for first in range(0, episodes, n):
-        m = min(n, episodes - first)
-        obs, _ = env.reset(seed=seed + first)
-        running = np.zeros(n, dtype=bool)
-        running[:m] = True
-        ret, length = np.zeros(n), np.zeros(n, dtype=np.int64)
-        alive, terminated = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
-        while running.any():
-            obs, reward, term, trunc, info = env.step(policy(np.asarray(obs, dtype=np.float32)))
-            r = running
-            ret[r] += np.asarray(reward, dtype=np.float64)[r]
-            length[r] += 1
-            if "fallen" in info:
-                has_fallen = True
-                alive[r] += ~np.asarray(info["fallen"], dtype=bool)[r]
-            if "command" in info:
-                tracks = True
-                cmd = np.asarray(info["command"])[r]
-                e_lin = np.linalg.norm(cmd[:, :2] - np.asarray(info["lin_vel"])[r, :2], axis=1)
-                e_yaw = np.abs(cmd[:, 2] - np.asarray(info["yaw_rate"])[r])
-                moving = np.linalg.norm(cmd, axis=1) > 0.0
-                err["lin"] += e_lin.sum()
-                err["yaw"] += e_yaw.sum()
-                err["lin_m"] += e_lin[moving].sum()
-                err["yaw_m"] += e_yaw[moving].sum()
-                n_all += int(r.sum())
-                n_moving += int(moving.sum())
-            terminated |= r & np.asarray(term, dtype=bool)
-            running &= ~(np.asarray(term, dtype=bool) | np.asarray(trunc, dtype=bool))
-        returns += ret[:m].tolist()
-        lengths += length[:m].tolist()
-        survival += [0.0 if terminated[i] else alive[i] / length[i] for i in range(m)]
-    out: Dict[str, Any] = {
-        "episodes": episodes,
-        "seeds": [seed, seed + episodes - 1],
-        "mean_return": float(np.mean(returns)),
-        "std_return": float(np.std(returns)),
-        "returns": [float(x) for x in returns],
-        "lengths": [int(x) for x in lengths],
-        "mean_episode_length": float(np.mean(lengths)),
-        "survival": float(np.mean(survival)) if has_fallen else None,
-        "survivals": [float(x) for x in survival] if has_fallen else None,
-    }
-    if tracks:
-
-        def mean(total: float, count: int) -> Optional[float]:
-            return float(total / count) if count else None
-
-        out.update(
-            lin_vel_error_moving=mean(err["lin_m"], n_moving),
-            yaw_rate_error_moving=mean(err["yaw_m"], n_moving),
-            lin_vel_error=mean(err["lin"], n_all),
-            yaw_rate_error=mean(err["yaw"], n_all),
-        )
-    return out
 
 
 def eval_line(stats: Dict[str, Any]) -> str:
@@ -428,3 +309,104 @@ def _upload_video(cfg, run: Path, video_path: Path) -> None:
         backend.upload_video(video_path)
     finally:
         backend.close()
+
+
+# ---------------------------------------------------------------------------------- track-error
+
+JOYSTICK_TASKS = ("go2_joystick_flat", "microduck_joystick")
+
+
+def _track_line(name: str, s: Dict[str, Any]) -> str:
+    return (
+        f"{name:<28} lin {s['lin_vel_error']:.3f} m/s (moving {s['lin_vel_error_moving']:.3f}, "
+        f"still {s['lin_vel_error_still']:.3f})  yaw {s['yaw_rate_error']:.3f} rad/s "
+        f"(moving {s['yaw_rate_error_moving']:.3f})  survival {s['survival']:.2f}  "
+        f"return {s['mean_return']:.2f}  length {s['mean_episode_length']:.0f}"
+    )
+
+
+def track_error_main(argv=None) -> int:
+    """``python -m raylab.evaluate track-error``: see the module docstring."""
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="python -m raylab.evaluate track-error",
+        description="Velocity tracking errors of a trained joystick policy and of holding the "
+        "default pose, on the same fixed-seed episodes.",
+    )
+    p.add_argument("run_dir", nargs="?", help="raylab run directory (omit: the baseline only)")
+    p.add_argument("--task", choices=JOYSTICK_TASKS, default=None,
+                   help="task of the baseline without a run (default go2_joystick_flat)")  # fmt: skip
+    p.add_argument("--checkpoint", help="checkpoint to use (default: the run's last)")
+    p.add_argument("--all", action="store_true", help="evaluate every checkpoint of the run")
+    p.add_argument("--sample", action="store_true",
+                   help="also evaluate the policy with sampled actions (as it acts in training)")
+    p.add_argument("--episodes", type=int, default=16)
+    p.add_argument("--seed", type=int, default=1000)
+    p.add_argument("--out", help="JSON file (default: RUN_DIR/track_error.json)")
+    a = p.parse_args(argv)
+    try:
+        if a.episodes < 1:
+            raise UserError(f"--episodes {a.episodes}: must be at least 1")
+        ckpts: list[Path] = []
+        if a.run_dir:
+            run = Path(a.run_dir).resolve()  # RLlib loads modules from absolute paths only
+            cfg = load_run_config(run)
+            if cfg.task not in JOYSTICK_TASKS:
+                raise UserError(f"run '{run}' trained task '{cfg.task}'; track-error needs one "
+                                f"of {', '.join(JOYSTICK_TASKS)}")  # fmt: skip
+            found = find_checkpoints(run)
+            ckpts = [Path(a.checkpoint).resolve()] if a.checkpoint else found if a.all else found[-1:]
+            if not ckpts:
+                raise UserError(f"no checkpoint in '{run}'; train first or pass --checkpoint")
+            for c in ckpts:
+                check_checkpoint(c, cfg.algo.name)
+        else:
+            from raylab.config import compose
+
+            cfg = compose("ppo", a.task or JOYSTICK_TASKS[0], "mujoco", [])
+        from raylab.envs.backend import usable_cores
+
+        env = make_eval_env(cfg, min(a.episodes, MAX_EVAL_ENVS), num_threads=usable_cores())
+        space = env.single_action_space
+        results: Dict[str, Any] = {}
+
+        def run_one(key: str, name: str, policy: Policy) -> None:
+            stats = run_policy_episodes(policy, env, a.episodes, a.seed)
+            for per_episode in ("returns", "lengths", "survivals"):
+                stats.pop(per_episode, None)
+            results[key] = stats
+            print(_track_line(name, stats), flush=True)
+
+        try:
+            run_one("hold_default_pose", "hold default pose", hold_pose_policy(space))
+            for c in ckpts:
+                module = load_policy(c)
+                run_one(str(c), c.name, deterministic_policy(module, space))
+                if a.sample:
+                    run_one(f"{c} (sampled)", f"{c.name} sampled", sampled_policy(module, space))
+        finally:
+            env.close()
+        out = Path(a.out) if a.out else (Path(a.run_dir) / "track_error.json" if a.run_dir else None)
+        if out is not None:
+            out.write_text(json.dumps(results, indent=2))
+            print(f"wrote {out}", file=sys.stderr)
+        return 0
+    except UserError as e:
+        print(f"raylab: error: {e}", file=sys.stderr)
+        return 2
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = ("track-error",)
+    if not argv or argv[0] not in commands:
+        got = argv[0] if argv else "nothing"
+        print(f"raylab: error: unknown command {got!r}; valid choices: {', '.join(commands)}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    return track_error_main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -28,10 +28,10 @@ from raylab.algorithms.timeline import (
     pull_final_stats,
 )
 from raylab.algorithms.algorithm import BEST_EVAL_KEY, EVAL_BEFORE_TRAIN_KEY, eval_tags
+from raylab.algorithms.callbacks import RUNTIME_KEY
 from raylab.metrics import schema as S
 
 STEPS_KEY = ("env_runners", "num_env_steps_sampled_lifetime")
-RUNTIME_KEY = "raylab_runtime"
 
 # RLlib per-module learner stats -> canonical tag.
 _LEARNER_STATS = {

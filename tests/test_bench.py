@@ -11,7 +11,7 @@ import os
 import pytest
 
 from conftest import run_cli
-from raylab import bench_common as C
+from raylab.bench import common as C
 
 # --------------------------------------------------------------------------- guards
 
@@ -66,7 +66,7 @@ def test_guard_limits_are_parameters_and_one_reference_is_unchecked():
 
 
 def test_sustained_summary_on_a_synthetic_series():
-    from raylab.bench_env import sustained_summary
+    from raylab.bench.env import sustained_summary
 
     s = sustained_summary([100, 120, 110, 90, 80, 85, 95, 90])
     assert s["peak"] == 120 and s["peak_window"] == 1 and s["min"] == 80
@@ -77,7 +77,7 @@ def test_sustained_summary_on_a_synthetic_series():
 
 
 def test_phase_shares_come_from_the_canonical_main_phases():
-    from raylab.bench_train import phase_shares
+    from raylab.bench.train import phase_shares
     from raylab.metrics import schema as S
 
     m = [
@@ -97,7 +97,7 @@ def test_stock_sac_does_the_same_updates_per_env_step():
     batch per sampled env step (per vector step: num_envs updates)."""
     from ray.rllib.algorithms.dqn.dqn import calculate_rr_weights
 
-    from raylab.bench_train import compose_cfg, stock_sac_config
+    from raylab.bench.train import compose_cfg, stock_sac_config
 
     for envs, ratio in ((8, 1.0), (4, 0.5), (16, 2.0)):
         cfg = compose_cfg("sac", "microduck_balance", [f"env.num_envs={envs}", f"algo.updates_per_step={ratio}"])
@@ -414,7 +414,7 @@ def test_train_vary_bad_value_for_the_key_is_refused_before_anything_runs():
 
 def test_stock_sac_has_the_hyperparameters_of_raylab_sac():
     from raylab.algorithms.build import build_algorithm_config
-    from raylab.bench_train import compose_cfg, stock_sac_config
+    from raylab.bench.train import compose_cfg, stock_sac_config
 
     cfg = compose_cfg("sac", "Pendulum-v1", ["algo.actor_lr=7e-4", "algo.tau=0.01", "algo.batch_size=128"])
     ours, stock = build_algorithm_config(cfg), stock_sac_config(cfg)

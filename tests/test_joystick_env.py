@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import fields
 from types import SimpleNamespace
 
@@ -13,7 +14,8 @@ from gymnasium.wrappers.vector import DictInfoToList
 
 import raylab.envs  # noqa: F401  (registers the ids)
 from raylab.config import compose
-from raylab.envs.go2 import Go2JoystickFlatEnv, Go2JoystickFlatVecEnv, hold_default_pose, tracking_error
+from raylab.algorithms.evaluation import eval_vec_env, hold_pose_policy, run_policy_episodes
+from raylab.envs.go2 import Go2JoystickFlatEnv, Go2JoystickFlatVecEnv
 from raylab.envs.joystick import (
     CONTROL_DT,
     REWARD_PREFIX,
@@ -462,24 +464,47 @@ def test_pushes_kick_the_trunk_on_schedule():
     env.close(), off.close()
 
 
+def _hold_pose_errors(gym_id="raylab/Go2JoystickFlat-v0", options=None, episodes=3, seed=0):
+    env = eval_vec_env(gym_id, options or {}, episodes, batched=True)
+    try:
+        return run_policy_episodes(hold_pose_policy(env.single_action_space), env, episodes, seed)
+    finally:
+        env.close()
+
+
 def test_tracking_error_of_standing_still_is_the_command_speed():
     opts = {"episode_steps": 60, "lin_vel_x": [0.5, 1.0], "command_zero_prob": 0.0}
-    s = tracking_error(hold_default_pose, options=opts, episodes=3, seed=0)
-    assert s["survival"] == 1.0 and s["episode_length"] == 60
+    s = _hold_pose_errors(options=opts, episodes=3, seed=0)
+    assert s["survival"] == 1.0 and s["mean_episode_length"] == 60
     assert s["lin_vel_error"] == pytest.approx(s["command_speed"], abs=0.05)
-    still = tracking_error(hold_default_pose, options={"episode_steps": 30, "command_zero_prob": 1.0,
-                                                       "init_noise": 0.0},
-                           episodes=2, seed=0)  # fmt: skip
+    assert s["lin_vel_error_moving"] == s["lin_vel_error"] and s["lin_vel_error_still"] is None
+    still = _hold_pose_errors(options={"episode_steps": 30, "command_zero_prob": 1.0, "init_noise": 0.0},
+                              episodes=2, seed=0)  # fmt: skip
     assert still["lin_vel_error"] < 0.005 and still["yaw_rate_error"] < 0.005
+    assert still["lin_vel_error_moving"] is None and still["command_speed"] is None
 
 
-def test_go2_module_cli_refuses_unknown_commands(capsys):
-    from raylab.envs.go2 import main
+def test_track_error_tool_prints_and_writes_the_hold_pose_errors(tmp_path, capsys):
+    from raylab.evaluate import main
+
+    out = tmp_path / "te.json"
+    assert main(["track-error", "--task", "microduck_joystick", "--episodes", "3", "--out", str(out)]) == 0
+    line = capsys.readouterr().out
+    got = json.loads(out.read_text())["hold_default_pose"]
+    want = _hold_pose_errors("raylab/MicroduckJoystick-v0", episodes=3, seed=1000)
+    for key in ("lin_vel_error_moving", "yaw_rate_error_moving", "survival", "mean_return"):
+        assert got[key] == pytest.approx(want[key], rel=1e-12), key
+    assert line.startswith("hold default pose") and f"(moving {got['lin_vel_error_moving']:.3f}" in line
+
+
+def test_track_error_tool_refuses_unknown_commands_and_bad_episodes(capsys):
+    from raylab.evaluate import main
 
     assert main(["track-err"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "unknown command 'track-err'; valid choices: track-error"
-
+    assert err == "raylab: error: unknown command 'track-err'; valid choices: track-error"
+    assert main(["track-error", "--episodes", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "raylab: error: --episodes 0: must be at least 1"
 
 
 def test_the_go2_ppo_sweep_file_is_valid():
@@ -495,29 +520,8 @@ def test_the_go2_ppo_sweep_file_is_valid():
 def test_microduck_joystick_stands_20_s_with_zero_action_without_pushes_and_falls_with_them():
     """The joystick task uses the balance task's kp 0.55 duck: it stands on its own, and the
     default pushes knock the zero-action duck over (docs/envs.md, joystick measured numbers)."""
-    still = tracking_error(lambda obs: np.zeros((len(obs), 14)), vec_cls=MicroduckJoystickVecEnv,
-                           options={"push_vel": 0.0}, episodes=8, seed=1000)  # fmt: skip
-    assert still["survival"] == 1.0 and still["episode_length"] == 1000
-    pushed = tracking_error(lambda obs: np.zeros((len(obs), 14)), vec_cls=MicroduckJoystickVecEnv,
-                            episodes=8, seed=1000)  # fmt: skip
+    duck = "raylab/MicroduckJoystick-v0"
+    still = _hold_pose_errors(duck, options={"push_vel": 0.0}, episodes=8, seed=1000)
+    assert still["survival"] == 1.0 and still["mean_episode_length"] == 1000
+    pushed = _hold_pose_errors(duck, episodes=8, seed=1000)
     assert pushed["survival"] < 0.5
-
-
-def test_raylab_eval_tracking_errors_match_the_track_error_tool():
-    """`raylab eval`'s episode code (raylab.evaluate.run_policy_episodes) reports the tracking
-    errors over moving commands exactly as the Go2 track-error tool computes them: same seeds
-    (episode k: seed + k), same definition, same survival."""
-    from raylab.evaluate import eval_vec_env, hold_pose_policy, run_policy_episodes
-
-    episodes, seed = 6, 1000
-    tool = tracking_error(hold_default_pose, episodes=episodes, seed=seed)
-    env = eval_vec_env("raylab/Go2JoystickFlat-v0", {}, episodes, batched=True)
-    try:
-        ours = run_policy_episodes(hold_pose_policy(env.single_action_space), env, episodes, seed)
-    finally:
-        env.close()
-    for key in ("lin_vel_error_moving", "yaw_rate_error_moving", "lin_vel_error", "yaw_rate_error"):
-        assert ours[key] == pytest.approx(tool[key], rel=1e-12), key
-    assert ours["survival"] == pytest.approx(tool["survival"])
-    assert ours["mean_return"] == pytest.approx(tool["mean_return"], rel=1e-12)
-    assert ours["mean_episode_length"] == pytest.approx(tool["episode_length"])

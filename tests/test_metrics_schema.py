@@ -180,6 +180,16 @@ def test_family_helpers():
     assert schema.TAGS["Episode_Termination/<term>"].aggregation == "sum"
 
 
+def test_the_envs_log_keys_are_the_schema_families():
+    """The envs (bottom layer) spell the two family prefixes themselves; they must stay the
+    schema's."""
+    from raylab.envs import managers
+
+    for term in ("alive", "upright", "time_out", "fallen"):
+        assert managers.reward_tag(term) == schema.reward_tag(term)
+        assert managers.termination_tag(term) == schema.termination_tag(term)
+
+
 def test_persisted_only_drops_terminal_only_tags():
     m = schema.normalize({schema.PERF_TOTAL_FPS: 10.0, schema.PERF_LEARNER_ROWS_PER_S: 99.0})
     assert schema.persisted_only(m) == {schema.PERF_TOTAL_FPS: 10.0}

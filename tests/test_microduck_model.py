@@ -20,7 +20,7 @@ from raylab.envs.microduck import (
     prototype,
     robot_index,
 )
-from raylab.envs.microduck_bench import run_baselines
+from raylab.bench.baselines import run_baselines
 from raylab.envs.microduck_vec import MicroduckBalanceVecEnv
 
 # The servo values of the robot facts (XL330 class), which the model must stand on.

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
-from raylab import bench_common as C
+from raylab.bench import common as C
 from raylab.errors import UserError
 
 

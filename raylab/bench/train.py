@@ -40,7 +40,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from raylab import bench_common as C
+from raylab.bench import common as C
 from raylab.errors import UserError, choices_hint
 
 ALGOS = ("appo", "sac", "ppo")
@@ -418,7 +418,7 @@ def run_train_bench(
     C.print_check(check)
     result = C.new_result("train", command, params, check)
 
-    from raylab.bench_env import env_tasks, make_batched
+    from raylab.bench.env import env_tasks, make_batched
     from raylab.train import init_ray
 
     ref = None
@@ -588,7 +588,7 @@ def run_sampler_bench(algo: str, task: str, overrides: Sequence[str], seconds: f
     env steps (transitions) per wall second; ratios are taken per round (adjacent windows)."""
     from raylab.algorithms.build import build_algorithm_config, env_options, physics_threads
     from raylab.algorithms.env_runner import RaylabEnvRunner, RaylabFastEnvRunner
-    from raylab.bench_env import make_batched
+    from raylab.bench.env import make_batched
     from raylab.envs.tasks import TASKS
 
     if algo not in ("ppo", "appo"):

@@ -3,7 +3,7 @@ batched env against Gymnasium's vector envs.
 
 ``raylab bench env``      the sweep (or ``--sustained T``) of the batched env or (``--mode bare``)
                           of its physics alone; a one-thread reference window before the sweep
-                          and after every row; verdict from the references (bench_common).
+                          and after every row; verdict from the references (raylab.bench.common).
 ``raylab bench compare``  the batched env (threads) against Gymnasium's AsyncVectorEnv (one
                           process per worker, pipes) and SyncVectorEnv of the reference env,
                           under the same uniform random actions, alternating backends every
@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import gymnasium as gym
 import numpy as np
 
-from raylab import bench_common as C
+from raylab.bench import common as C
 from raylab.errors import UserError, choices_hint
 
 BACKENDS = ("batched", "async", "sync")

@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.raylab-installed
 
-.PHONY: install train test test-fast clean
+.PHONY: install train test test-fast lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,12 +32,23 @@ install: $(STAMP)
 train: $(STAMP)
 	$(BIN)/raylab train $(ARGS)
 
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Everything but the slow learning tests.
-test-fast: $(STAMP)
+test-fast: lint
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# ruff (lint + format) and the layer contracts in pyproject.toml. import-linter reads one
+# package tree, so the installed layout (envs/ -> raylab/envs, algorithms/ -> raylab/algorithms)
+# is assembled under build/lint for it.
+LINT_TREE := build/lint
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	rm -rf $(LINT_TREE) && mkdir -p $(LINT_TREE)
+	cp -r raylab $(LINT_TREE)/raylab && cp -r envs $(LINT_TREE)/raylab/envs && cp -r algorithms $(LINT_TREE)/raylab/algorithms
+	cd $(LINT_TREE) && PYTHONPATH=. $(abspath $(BIN))/lint-imports --no-cache $(abspath pyproject.toml)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

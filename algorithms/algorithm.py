@@ -60,7 +60,9 @@ class RaylabAlgorithmMixin:
     def reward_window(self) -> RewardWindow:
         window = self.__dict__.get("_reward_window")
         if window is None:
-            window = self._reward_window = RewardWindow(self.config.metrics_num_episodes_for_smoothing)
+            window = self._reward_window = RewardWindow(
+                self.config.metrics_num_episodes_for_smoothing
+            )
         return window
 
     @property

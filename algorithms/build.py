@@ -15,7 +15,6 @@ from typing import Any, Dict
 from omegaconf import DictConfig, OmegaConf
 
 from raylab.envs.backend import MAX_THREADS, usable_cores
-
 from raylab.envs.tasks import TASKS
 from raylab.errors import UserError
 
@@ -95,15 +94,20 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
     """The RLlib AlgorithmConfig for a composed raylab config."""
     from raylab.algorithms.callbacks import RaylabCallbacks
     from raylab.algorithms.env_runner import (
-        RaylabEnvRunner, RaylabEvalEnvRunner, RaylabFastEnvRunner,
-    )  # fmt: skip
+        RaylabEnvRunner,
+        RaylabEvalEnvRunner,
+        RaylabFastEnvRunner,
+    )
 
     algo = cfg.algo
     builder = {"ppo": _ppo, "appo": _appo, "sac": _sac}[algo.name]
     config = builder(cfg)
     learner_extras = {}
     if algo.name in ("ppo", "appo"):
-        learner_extras["policy_init"] = {"log_std": algo.init_log_std, "scale": algo.init_policy_scale}
+        learner_extras["policy_init"] = {
+            "log_std": algo.init_log_std,
+            "scale": algo.init_policy_scale,
+        }
     fast = use_fast_sampler(cfg)
     if cfg.algo.name == "sac":
         runner_cls = config.env_runner_cls  # SAC's transition path is always raylab's loop
@@ -164,8 +168,11 @@ def rl_module_options(cfg: DictConfig) -> Dict[str, Any]:
     from raylab.algorithms.modules import ACTOR_OBS_DIM, MODULES
 
     model_config[ACTOR_OBS_DIM] = actor_obs_dim(cfg)
-    return {"rl_module_spec": RLModuleSpec(module_class=MODULES[cfg.algo.name],
-                                           model_config=model_config)}  # fmt: skip
+    return {
+        "rl_module_spec": RLModuleSpec(
+            module_class=MODULES[cfg.algo.name], model_config=model_config
+        )
+    }
 
 
 def actor_obs_dim(cfg: DictConfig) -> int:
@@ -175,7 +182,9 @@ def actor_obs_dim(cfg: DictConfig) -> int:
     import raylab.envs  # noqa: F401
 
     options = {**env_options(cfg), "num_threads": 1}
-    env = gym.make_vec(cfg.env.gym_id, num_envs=1, vectorization_mode="vector_entry_point", **options)
+    env = gym.make_vec(
+        cfg.env.gym_id, num_envs=1, vectorization_mode="vector_entry_point", **options
+    )
     try:
         return int(env.actor_obs_dim)
     finally:
@@ -198,8 +207,13 @@ def evaluation_options(cfg: DictConfig, runner_cls) -> Dict[str, Any]:
         evaluation_duration_unit="episodes",
         evaluation_num_env_runners=0,
         evaluation_parallel_to_training=False,
-        evaluation_config={"explore": False, "env_runner_cls": runner_cls,
-                           "create_local_env_runner": True} if active else None,  # fmt: skip
+        evaluation_config={
+            "explore": False,
+            "env_runner_cls": runner_cls,
+            "create_local_env_runner": True,
+        }
+        if active
+        else None,
     )
 
 

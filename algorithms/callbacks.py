@@ -64,6 +64,7 @@ def record_env_log(env_runner, metrics_logger) -> None:
             tracker.stat("_one", "sum", **{k: np.array([v], float) for k, v in counts.items()})
     push_partial_state(metrics_logger, COLLECTOR_TRACKER)
 
+
 def runtime_info(algorithm) -> dict:
     """Where each EnvRunner and Learner actor runs and on what device (for the manifest)."""
     from raylab.metrics.manifest import actor_placement
@@ -88,5 +89,5 @@ def runtime_info(algorithm) -> dict:
 
     runners = algorithm.env_runner_group.foreach_env_runner(runner_info, local_env_runner=False)
     learners = algorithm.learner_group.foreach_learner(learner_info)
-    learners = [getattr(r, "get", lambda: r)() for r in learners]
+    learners = [r.get() if hasattr(r, "get") else r for r in learners]
     return {"env_runners": list(runners), "learners": learners}

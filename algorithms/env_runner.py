@@ -12,9 +12,9 @@
   through RLlib's loop, after which the fast loop starts from a fresh reset.
 - :class:`RaylabEvalEnvRunner`: the EnvRunner of RLlib's evaluation group. RLlib schedules the
   evaluation (``evaluation_interval``, ``evaluation_duration`` episodes) and syncs the weights;
-  the episodes are run by :func:`raylab.algorithms.evaluation.run_policy_episodes`, the code ``raylab eval``
-  runs, on an env built like the training env: deterministic actions, episode k seeded
-  ``training.eval_seed + k``.
+  the episodes are run by :func:`raylab.algorithms.evaluation.run_policy_episodes`, the code
+  ``raylab eval`` runs, on an env built like the training env: deterministic actions, episode
+  k seeded ``training.eval_seed + k``.
 """
 
 from __future__ import annotations
@@ -111,7 +111,9 @@ class RaylabFastEnvRunner(RaylabEnvRunner):
         steps = frag.num_steps
         t_extract = time.perf_counter()
         samples = self._chunks(frag)
-        tracker.scalar(**{S.PERF_COLLECTOR_TRANSITION_EXTRACT_MS: (time.perf_counter() - t_extract) * 1000.0})
+        tracker.scalar(
+            **{S.PERF_COLLECTOR_TRANSITION_EXTRACT_MS: (time.perf_counter() - t_extract) * 1000.0}
+        )
         now = time.perf_counter()
         for env_index, length, ret, truncated in frag.episodes:
             self._log_episode_metrics(length, ret, now - self._ep_start[env_index])
@@ -172,25 +174,41 @@ class RaylabFastEnvRunner(RaylabEnvRunner):
 
 class RaylabEvalEnvRunner(RaylabEnvRunner):
     """Evaluation EnvRunner: ``sample(num_episodes=N)`` without exploration runs N episodes of
-    :func:`raylab.algorithms.evaluation.run_policy_episodes` and reports their statistics as the ``Eval/*``
-    tags through the ``eval`` stats tracker (merged across evaluation EnvRunners by weight)."""
+    :func:`raylab.algorithms.evaluation.run_policy_episodes` and reports their statistics as the
+    ``Eval/*`` tags through the ``eval`` stats tracker (merged across evaluation EnvRunners by
+    weight)."""
 
     _eval_env = None
 
     def __repr__(self) -> str:
         return f"raylab-eval-envrunner-{getattr(self, 'worker_index', 0)}"
 
-    def sample(self, *, num_timesteps=None, num_episodes=None, explore=None,
-               random_actions=False, force_reset=False, **kwargs):  # fmt: skip
+    def sample(
+        self,
+        *,
+        num_timesteps=None,
+        num_episodes=None,
+        explore=None,
+        random_actions=False,
+        force_reset=False,
+        **kwargs,
+    ):
         explore = self.config.explore if explore is None else explore
         if num_episodes is None or explore or random_actions or self.module is None:
             return super().sample(
-                num_timesteps=num_timesteps, num_episodes=num_episodes, explore=explore,
-                random_actions=random_actions, force_reset=force_reset, **kwargs,
-            )  # fmt: skip
+                num_timesteps=num_timesteps,
+                num_episodes=num_episodes,
+                explore=explore,
+                random_actions=random_actions,
+                force_reset=force_reset,
+                **kwargs,
+            )
         from raylab.algorithms.evaluation import (
-            MAX_EVAL_ENVS, deterministic_policy, eval_vec_env, run_policy_episodes,
-        )  # fmt: skip
+            MAX_EVAL_ENVS,
+            deterministic_policy,
+            eval_vec_env,
+            run_policy_episodes,
+        )
 
         n = int(min(num_episodes, MAX_EVAL_ENVS))
         if self._eval_env is None or self._eval_env.num_envs != n:
@@ -203,8 +221,9 @@ class RaylabEvalEnvRunner(RaylabEnvRunner):
         space = self._eval_env.single_action_space
         seed = int(getattr(self.config, "raylab_eval_seed", 0))
         t0 = time.perf_counter()
-        stats = run_policy_episodes(deterministic_policy(self.module, space), self._eval_env,
-                                    int(num_episodes), seed)  # fmt: skip
+        stats = run_policy_episodes(
+            deterministic_policy(self.module, space), self._eval_env, int(num_episodes), seed
+        )
         tracker = stats_tracker.get(EVAL_TRACKER)
         tracker.scalar(**{S.PERF_EVALUATION_MS: (time.perf_counter() - t0) * 1000.0})
         tracker.scalar_series(**{S.EVAL_MEAN_REWARD: np.asarray(stats["returns"])})
@@ -219,4 +238,3 @@ class RaylabEvalEnvRunner(RaylabEnvRunner):
             self._eval_env.close()
             self._eval_env = None
         super().stop()
-

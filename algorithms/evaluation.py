@@ -104,7 +104,9 @@ def eval_vec_env(env_id: str, options: Dict[str, Any], num_envs: int, batched: b
         return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", **options)
     options["num_threads"] = max(1, min(int(options.get("num_threads", 1)), num_envs))
     options.update(autoreset_mode="next_step", info_mode="full")
-    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", **options)
+    return gym.make_vec(
+        env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", **options
+    )
 
 
 def run_policy_episodes(policy: Policy, env, episodes: int, seed: int) -> Dict[str, Any]:

@@ -27,7 +27,9 @@ class DeviceReplay:
         seed: int = 0,
     ):
         if capacity < batch_size:
-            raise ValueError(f"replay capacity {capacity} is smaller than the batch size {batch_size}")
+            raise ValueError(
+                f"replay capacity {capacity} is smaller than the batch size {batch_size}"
+            )
         self.capacity = int(capacity)
         self.batch_size = int(batch_size)
         self.device = device

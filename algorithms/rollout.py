@@ -151,7 +151,10 @@ class RolloutLoop:
             t += 1
         if self.tracker is not None:  # per step, recorded once per fragment
             self.tracker.scalar_series(
-                **{S.PERF_COLLECTOR_MLP_INFER_MS: buf.infer_ms[:t], S.PERF_COLLECTOR_ENV_STEP_MS: buf.step_ms[:t]}
+                **{
+                    S.PERF_COLLECTOR_MLP_INFER_MS: buf.infer_ms[:t],
+                    S.PERF_COLLECTOR_ENV_STEP_MS: buf.step_ms[:t],
+                }
             )
         self.obs = buf.obs[t]
         obs, actions, logp, dist_inputs, rewards, terminated, truncated, valid = buf.trimmed(t)
@@ -165,13 +168,17 @@ class RolloutLoop:
             for e in ends:
                 self.ep_return[i] += float(np.sum(r[start : e + 1, i]))
                 self.ep_len[i] += int(np.count_nonzero(valid[start : e + 1, i]))
-                finished.append((i, int(self.ep_len[i]), float(self.ep_return[i]), bool(truncated[e, i])))
+                finished.append(
+                    (i, int(self.ep_len[i]), float(self.ep_return[i]), bool(truncated[e, i]))
+                )
                 self.ep_return[i] = 0.0
                 self.ep_len[i] = 0
                 start = e + 1
             self.ep_return[i] += float(np.sum(r[start:, i]))
             self.ep_len[i] += int(np.count_nonzero(valid[start:, i]))
-        return Fragment(obs, actions, logp, dist_inputs, rewards, terminated, truncated, valid, finished)
+        return Fragment(
+            obs, actions, logp, dist_inputs, rewards, terminated, truncated, valid, finished
+        )
 
 
 class _Buffers:
@@ -198,8 +205,18 @@ class _Buffers:
 
     def grow(self):
         extra = max(2, self.capacity // 4)
-        for name in ("obs", "actions", "logp", "dist_inputs", "rewards", "terminated", "truncated",
-                     "valid", "infer_ms", "step_ms"):
+        for name in (
+            "obs",
+            "actions",
+            "logp",
+            "dist_inputs",
+            "rewards",
+            "terminated",
+            "truncated",
+            "valid",
+            "infer_ms",
+            "step_ms",
+        ):
             a = getattr(self, name)
             if a is not None:
                 setattr(self, name, np.concatenate([a, np.empty((extra,) + a.shape[1:], a.dtype)]))
@@ -207,5 +224,13 @@ class _Buffers:
 
     def trimmed(self, t):
         cut = lambda a: None if a is None else a[:t]  # noqa: E731
-        return (self.obs[: t + 1], self.actions[:t], cut(self.logp), cut(self.dist_inputs),
-                self.rewards[:t], self.terminated[:t], self.truncated[:t], self.valid[:t])  # fmt: skip
+        return (
+            self.obs[: t + 1],
+            self.actions[:t],
+            cut(self.logp),
+            cut(self.dist_inputs),
+            self.rewards[:t],
+            self.terminated[:t],
+            self.truncated[:t],
+            self.valid[:t],
+        )

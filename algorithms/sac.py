@@ -37,11 +37,9 @@ import torch
 from ray.rllib.algorithms.sac import SAC, SACConfig
 from ray.rllib.algorithms.sac.torch.sac_torch_learner import SACTorchLearner
 from ray.rllib.core import DEFAULT_MODULE_ID
-from ray.rllib.core.columns import Columns
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, LEARNER_RESULTS
 
 from raylab.algorithms.algorithm import RaylabAlgorithmMixin
-
 from raylab.algorithms.env_runner import RaylabEnvRunner, one_torch_thread
 from raylab.algorithms.replay import DeviceReplay
 from raylab.algorithms.rollout import RolloutLoop
@@ -126,14 +124,18 @@ class RaylabSACEnvRunner(RaylabEnvRunner):
             self.module.set_state(state)
             self._weights_version = version
         if self._loop.needs_reset:
-            self._loop.reset(seed=(self.config.seed or 0) * 100_003 + self.worker_index * self.num_envs)
+            self._loop.reset(
+                seed=(self.config.seed or 0) * 100_003 + self.worker_index * self.num_envs
+            )
         n = self.num_envs
         frag = self._loop.run(
             self.module.forward_exploration,
             self._dist_cls,
             steps=int(num_steps),
             with_logp=False,
-            random_action=lambda k: self._rng.uniform(-1.0, 1.0, size=(k, self._act_dim)).astype(np.float32),
+            random_action=lambda k: self._rng.uniform(-1.0, 1.0, size=(k, self._act_dim)).astype(
+                np.float32
+            ),
             random_steps=-(-int(random_steps_left) // n),  # vector steps still owed random actions
         )
         for _, length, ret, truncated in frag.episodes:
@@ -144,10 +146,14 @@ class RaylabSACEnvRunner(RaylabEnvRunner):
         # autoreset makes obs[t + 1] the final observation of an episode that ended at t.
         valid = frag.valid.reshape(-1)
         arrays = {
-            "obs": frag.obs[:-1].reshape((-1,) + frag.obs.shape[2:])[valid].astype(np.float32, copy=False),
+            "obs": frag.obs[:-1]
+            .reshape((-1,) + frag.obs.shape[2:])[valid]
+            .astype(np.float32, copy=False),
             "actions": frag.actions.reshape((-1,) + frag.actions.shape[2:])[valid],
             "rewards": frag.rewards.reshape(-1)[valid].astype(np.float32),
-            "next_obs": frag.obs[1:].reshape((-1,) + frag.obs.shape[2:])[valid].astype(np.float32, copy=False),
+            "next_obs": frag.obs[1:]
+            .reshape((-1,) + frag.obs.shape[2:])[valid]
+            .astype(np.float32, copy=False),
             "terminateds": frag.terminated.reshape(-1)[valid].astype(np.float32),
         }
         count = int(valid.sum())
@@ -221,11 +227,17 @@ class RaylabSACLearner(SACTorchLearner):
 
         self._acc: Dict[str, torch.Tensor] = {}
         self._acc_n = 0
-        self._world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        self._world = (
+            torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        )
         self._rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         self._parts = SACParts(
-            pi=module.pi, qf=module.qf, qf_twin=module.qf_twin, target_qf=module.target_qf,
-            target_qf_twin=module.target_qf_twin, log_alpha=self.curr_log_alpha[self._mid],
+            pi=module.pi,
+            qf=module.qf,
+            qf_twin=module.qf_twin,
+            target_qf=module.target_qf,
+            target_qf_twin=module.target_qf_twin,
+            log_alpha=self.curr_log_alpha[self._mid],
             optimizers=list(self._named_optimizers.values()),
         )
         self._update_fn = self._fused_update
@@ -246,8 +258,11 @@ class RaylabSACLearner(SACTorchLearner):
         ]
         for name, params, lr in groups:
             self.register_optimizer(
-                module_id=module_id, optimizer_name=name,
-                optimizer=torch.optim.Adam(params, **opts), params=params, lr_or_lr_schedule=lr,
+                module_id=module_id,
+                optimizer_name=name,
+                optimizer=torch.optim.Adam(params, **opts),
+                params=params,
+                lr_or_lr_schedule=lr,
             )
 
     # ---- ingest (actor request thread) ---------------------------------------------------
@@ -269,7 +284,9 @@ class RaylabSACLearner(SACTorchLearner):
             self._staleness.append(float(self._version - max(runner_version, 0)))
             self._cond.notify_all()
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="raylab-sac-update", daemon=True)
+            self._thread = threading.Thread(
+                target=self._loop, name="raylab-sac-update", daemon=True
+            )
             self._thread.start()
         return self.status()
 
@@ -298,7 +315,9 @@ class RaylabSACLearner(SACTorchLearner):
     def _allowed_updates(self) -> int:
         # Updates start once learning_starts steps are in and then follow the replay ratio
         # (the random warm-up steps are not "owed" updates).
-        return owed_updates(self._ingested, self.config.learning_starts, self.config.updates_per_step)
+        return owed_updates(
+            self._ingested, self.config.learning_starts, self.config.updates_per_step
+        )
 
     def wait_for_backlog(self, max_pending: int, timeout_s: float) -> Dict[str, Any]:
         """Block (up to timeout_s) until at most max_pending updates are owed."""
@@ -359,8 +378,12 @@ class RaylabSACLearner(SACTorchLearner):
         no_sync = wrapped.no_sync() if hasattr(wrapped, "no_sync") else contextlib.nullcontext()
         with no_sync:
             stats = sac_update(
-                self._parts, b, gamma=cfg.gamma, tau=cfg.tau,
-                target_entropy=self.target_entropy[self._mid], grad_clip=cfg.grad_clip,
+                self._parts,
+                b,
+                gamma=cfg.gamma,
+                tau=cfg.tau,
+                target_entropy=self.target_entropy[self._mid],
+                grad_clip=cfg.grad_clip,
                 bf16=cfg.bf16_autocast and self._device.type == "cuda",
                 all_reduce=self._all_reduce_grads if self._world > 1 else None,
             )
@@ -401,7 +424,10 @@ class RaylabSACLearner(SACTorchLearner):
             with self._model_lock:
                 version = self._version
                 state = self.module[self._mid].unwrapped().get_state(inference_only=True)
-                state = {k: (v.detach().cpu().numpy() if torch.is_tensor(v) else np.array(v)) for k, v in state.items()}
+                state = {
+                    k: (v.detach().cpu().numpy() if torch.is_tensor(v) else np.array(v))
+                    for k, v in state.items()
+                }
             self._published_ref = ray.put(state)
             self._published_ref_version = version
         return self._published_ref_version, self._published_ref
@@ -501,7 +527,9 @@ class RaylabSAC(RaylabAlgorithmMixin, SAC):
         if n_runners == 0:
             ready = [(0, self._request(self.env_runner, steps, n_learners))]
         else:
-            ready = self.env_runner_group.fetch_ready_async_reqs(tags=SAMPLE_TAG, timeout_seconds=0.01)
+            ready = self.env_runner_group.fetch_ready_async_reqs(
+                tags=SAMPLE_TAG, timeout_seconds=0.01
+            )
         for _, out in ready:
             statuses = self._learner_call(
                 lambda learner, refs=out["shards"], v=out["version"]: learner.ingest(refs, v)
@@ -531,7 +559,9 @@ class RaylabSAC(RaylabAlgorithmMixin, SAC):
                 version, ref = st["weights"] or (-1, None)
                 random_left = max(0, cfg.learning_starts - status["ingested"]) // n_runners
                 self.env_runner_group.foreach_env_runner_async(
-                    lambda r, s=steps, w=ref, v=version, k=random_left, m=n_learners: r.sample_transitions(s, w, v, k, m),
+                    lambda r, s=steps, w=ref, v=version, k=random_left, m=n_learners: (
+                        r.sample_transitions(s, w, v, k, m)
+                    ),
                     tag=SAMPLE_TAG,
                 )
 

@@ -21,7 +21,9 @@ LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU}
 
 
-def mlp(inputs: int, hidden: Sequence[int], outputs: int, activation: str = "relu") -> nn.Sequential:
+def mlp(
+    inputs: int, hidden: Sequence[int], outputs: int, activation: str = "relu"
+) -> nn.Sequential:
     layers, width = [], inputs
     for h in hidden:
         layers += [nn.Linear(width, h), _ACTIVATIONS[activation]()]
@@ -49,7 +51,9 @@ def squashed_gaussian_sample(dist_inputs: torch.Tensor) -> Tuple[torch.Tensor, t
     action = torch.tanh(pre_tanh)
     log_prob = (-0.5 * noise.pow(2) - log_std - 0.5 * math.log(2.0 * math.pi)).sum(-1)
     # Change of variables for tanh, in the stable form 2 * (log 2 - u - softplus(-2u)).
-    log_prob = log_prob - (2.0 * (math.log(2.0) - pre_tanh - nn.functional.softplus(-2.0 * pre_tanh))).sum(-1)
+    log_prob = log_prob - (
+        2.0 * (math.log(2.0) - pre_tanh - nn.functional.softplus(-2.0 * pre_tanh))
+    ).sum(-1)
     return action, log_prob
 
 
@@ -100,7 +104,9 @@ def sac_update(
             target = b["rewards"] + gamma * (1.0 - b["terminateds"]) * next_v
         q1, q2 = q_pair(p.qf, p.qf_twin, b["obs"], b["actions"])
         huber = nn.functional.huber_loss
-        critic_loss = huber(q1.float(), target.float(), delta=1.0) + huber(q2.float(), target.float(), delta=1.0)
+        critic_loss = huber(q1.float(), target.float(), delta=1.0) + huber(
+            q2.float(), target.float(), delta=1.0
+        )
         action, logp = squashed_gaussian_sample(policy_inputs(p.pi, b["obs"]))
         for param in p.critic_params:  # the actor's gradient must not reach the critics
             param.requires_grad_(False)

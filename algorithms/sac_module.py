@@ -18,7 +18,9 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.core.distribution.torch.torch_distribution import TorchSquashedGaussian
 from ray.rllib.core.rl_module.apis import InferenceOnlyAPI, QNetAPI, TargetNetworkAPI
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
+
 from raylab.algorithms.sac_kernel import mlp, policy_inputs, q_pair
+
 
 class RaylabSACModule(TorchRLModule, InferenceOnlyAPI, TargetNetworkAPI, QNetAPI):
     def setup(self) -> None:

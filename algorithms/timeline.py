@@ -43,7 +43,7 @@ def pull_final_stats(result: dict, where: str, tracker_name: str) -> Dict[str, f
         return {}
     merged = stats_tracker.drop_counts(stats_tracker.merge_exports(items))
     prefix = tracker_name + "/"
-    return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in merged.items()}
+    return {k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in merged.items()}
 
 
 def to_unit(tag: str, seconds: float) -> float:

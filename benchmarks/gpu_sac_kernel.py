@@ -44,7 +44,9 @@ def parts(obs_dim, act_dim, hidden, device, seed=0, fused=True):
     log_alpha = torch.zeros(1, device=device, requires_grad=True)
     kw = {"fused": True} if (fused and device.type == "cuda") else {"foreach": True}
     opts = [
-        torch.optim.Adam(list(qf.parameters()) + list(qf_twin.parameters()), lr=3e-4, eps=1e-7, **kw),
+        torch.optim.Adam(
+            list(qf.parameters()) + list(qf_twin.parameters()), lr=3e-4, eps=1e-7, **kw
+        ),
         torch.optim.Adam(pi.parameters(), lr=3e-4, eps=1e-7, **kw),
         torch.optim.Adam([log_alpha], lr=3e-4, eps=1e-7, **kw),
     ]
@@ -82,7 +84,12 @@ def rate(step_fn, replay, n=300, warm=30):
 
 def main(out_path: str) -> None:
     dev = torch.device("cuda")
-    out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "checks": {}, "rates": []}
+    out = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "checks": {},
+        "rates": [],
+    }
 
     # 1. Replay ring on the GPU: contents survive the pinned, non-blocking copies.
     r, data, secs = replay_with_data(48, 14, 256, dev)
@@ -98,40 +105,76 @@ def main(out_path: str) -> None:
     compiled_update = torch.compile(K.sac_update)
     fixed = {k: v.clone() for k, v in r.sample().items()}
     for _ in range(5):
-        torch.manual_seed(1); K.sac_update(eager, fixed, **kw)
-        torch.manual_seed(1); compiled_update(comp, fixed, **kw)
-    diff = max((a - c).abs().max().item() for a, c in zip(eager.pi.parameters(), comp.pi.parameters()))
+        torch.manual_seed(1)
+        K.sac_update(eager, fixed, **kw)
+        torch.manual_seed(1)
+        compiled_update(comp, fixed, **kw)
+    diff = max(
+        (a - c).abs().max().item() for a, c in zip(eager.pi.parameters(), comp.pi.parameters())
+    )
     out["checks"]["compile_vs_eager_max_abs_param_diff"] = diff
     # 3. bf16 autocast: finite and close to fp32 after a few steps.
     bf = parts(48, 14, [256, 256], dev)
     ref = parts(48, 14, [256, 256], dev)
     for _ in range(5):
-        torch.manual_seed(2); s_bf = K.sac_update(bf, fixed, bf16=True, **kw)
-        torch.manual_seed(2); s_ref = K.sac_update(ref, fixed, **kw)
+        torch.manual_seed(2)
+        s_bf = K.sac_update(bf, fixed, bf16=True, **kw)
+        torch.manual_seed(2)
+        s_ref = K.sac_update(ref, fixed, **kw)
     out["checks"]["bf16_losses_finite"] = all(torch.isfinite(v).all().item() for v in s_bf.values())
     out["checks"]["bf16_vs_fp32_critic_loss"] = [s_bf["critic"].item(), s_ref["critic"].item()]
 
     # 4. Updates per second.
-    for label, obs_dim, act_dim, batch in (("pendulum", 3, 1, 256), ("microduck", 48, 14, 256),
-                                           ("microduck_b4096", 48, 14, 4096)):
+    for label, obs_dim, act_dim, batch in (
+        ("pendulum", 3, 1, 256),
+        ("microduck", 48, 14, 256),
+        ("microduck_b4096", 48, 14, 4096),
+    ):
         rp, _, _ = replay_with_data(obs_dim, act_dim, batch, dev)
         te = -float(act_dim)
         for variant in ("eager", "bf16", "compile"):
             p = parts(obs_dim, act_dim, [256, 256], dev)
             fn = compiled_update if variant == "compile" else K.sac_update
-            step = lambda bb, p=p, fn=fn, v=variant: fn(p, bb, gamma=0.99, tau=0.005, target_entropy=te,
-                                                         grad_clip=1.0, bf16=(v == "bf16"))
-            out["rates"].append({"problem": label, "batch": batch, "variant": variant,
-                                 "updates_per_s": rate(step, rp)})
+
+            def step(bb, p=p, fn=fn, v=variant, te=te):
+                return fn(
+                    p,
+                    bb,
+                    gamma=0.99,
+                    tau=0.005,
+                    target_entropy=te,
+                    grad_clip=1.0,
+                    bf16=(v == "bf16"),
+                )
+
+            out["rates"].append(
+                {
+                    "problem": label,
+                    "batch": batch,
+                    "variant": variant,
+                    "updates_per_s": rate(step, rp),
+                }
+            )
             print(out["rates"][-1], flush=True)
     # CPU reference on this machine (1 thread, foreach Adam).
     torch.set_num_threads(1)
     cpu = torch.device("cpu")
     rp, _, _ = replay_with_data(3, 1, 256, cpu)
     p = parts(3, 1, [256, 256], cpu)
-    out["rates"].append({"problem": "pendulum", "batch": 256, "variant": "cpu_1_thread",
-                         "updates_per_s": rate(lambda bb: K.sac_update(p, bb, target_entropy=-1.0, gamma=0.99,
-                                                                       tau=0.005, grad_clip=1.0), rp, n=100)})
+    out["rates"].append(
+        {
+            "problem": "pendulum",
+            "batch": 256,
+            "variant": "cpu_1_thread",
+            "updates_per_s": rate(
+                lambda bb: K.sac_update(
+                    p, bb, target_entropy=-1.0, gamma=0.99, tau=0.005, grad_clip=1.0
+                ),
+                rp,
+                n=100,
+            ),
+        }
+    )
     Path(out_path).write_text(json.dumps(out, indent=2))
     print(json.dumps(out["checks"], indent=2))
 

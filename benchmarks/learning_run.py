@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -58,7 +57,7 @@ def main(argv=None) -> int:
     p.add_argument("--target-x", type=float, default=None, help="target ratio to hold-pose")
     p.add_argument("--post-only", action="store_true", help="evaluate and write an existing run")
     argv = list(sys.argv[1:] if argv is None else argv)
-    overrides = argv[argv.index("--") + 1:] if "--" in argv else []
+    overrides = argv[argv.index("--") + 1 :] if "--" in argv else []
     a = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     a.overrides = overrides
 
@@ -73,11 +72,20 @@ def main(argv=None) -> int:
     RUNS.mkdir(parents=True, exist_ok=True)
     OUT.mkdir(parents=True, exist_ok=True)
     train = [
-        RAYLAB, "train", "--algo", a.algo, "--task", a.task, f"training.log_dir={run}",
-        f"training.seed={a.seed}", f"training.time_budget_s={60.0 * a.budget_min}",
-        "training.total_steps=1000000000000", "training.terminal=plain",
-        "resources.dashboard=false", *a.overrides,
-    ]  # fmt: skip
+        RAYLAB,
+        "train",
+        "--algo",
+        a.algo,
+        "--task",
+        a.task,
+        f"training.log_dir={run}",
+        f"training.seed={a.seed}",
+        f"training.time_budget_s={60.0 * a.budget_min}",
+        "training.total_steps=1000000000000",
+        "training.terminal=plain",
+        "resources.dashboard=false",
+        *a.overrides,
+    ]
     command = "python " + " ".join(shlex.quote(x) for x in [sys.argv[0], *sys.argv[1:]])
     print(f"== {command}\n== {' '.join(shlex.quote(x) for x in train)}", flush=True)
     before = {"machine": machine_info(), "busy": busy_processes()}
@@ -87,18 +95,30 @@ def main(argv=None) -> int:
         with open(RUNS / f"{a.name}.log", "w") as log:
             rc = subprocess.run(train, stdout=log, stderr=subprocess.STDOUT).returncode
         wall = time.time() - t0
-    summary = json.loads((run / "run_summary.json").read_text()) if (run / "run_summary.json").is_file() else {}
+    summary = (
+        json.loads((run / "run_summary.json").read_text())
+        if (run / "run_summary.json").is_file()
+        else {}
+    )
     result = {
-        "name": a.name, "command": command, "train_command": train[1:], "returncode": rc,
-        "algo": a.algo, "task": a.task, "seed": a.seed, "budget_min": a.budget_min,
+        "name": a.name,
+        "command": command,
+        "train_command": train[1:],
+        "returncode": rc,
+        "algo": a.algo,
+        "task": a.task,
+        "seed": a.seed,
+        "budget_min": a.budget_min,
         "wall_s": round(wall, 1) if wall is not None else None,
-        "time_total_s": summary.get("time_total_s"), "env_steps": summary.get("env_steps"),
+        "time_total_s": summary.get("time_total_s"),
+        "env_steps": summary.get("env_steps"),
         "training_iteration": summary.get("training_iteration"),
         "best_eval_during_training": summary.get("best_eval"),
         "initial_eval": summary.get("initial_eval"),
-        "machine_before": before["machine"], "busy_at_start": before["busy"],
+        "machine_before": before["machine"],
+        "busy_at_start": before["busy"],
         "post_only": a.post_only,
-    }  # fmt: skip
+    }
     result["eval_best"] = _eval(run, "best")
     result["eval_last"] = _eval(run, "last")
     from raylab.envs.tasks import TASKS
@@ -113,7 +133,9 @@ def main(argv=None) -> int:
         hold = base["hold_pose"]["mean_return"]
         # The ratio of the policy a user would take: the best evaluation's checkpoint (chosen on
         # the in-training evaluations, seeds 1000-1031 by default), else the last one.
-        chosen = result["eval_best"] if "mean_return" in result["eval_best"] else result["eval_last"]
+        chosen = (
+            result["eval_best"] if "mean_return" in result["eval_best"] else result["eval_last"]
+        )
         result["ratio_to_hold_pose"] = chosen.get("mean_return", float("nan")) / hold
         if a.target_x is not None:
             result["target_ratio"] = a.target_x

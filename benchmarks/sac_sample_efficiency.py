@@ -30,8 +30,9 @@ from typing import Any, Dict, List, Optional, Sequence
 from raylab.bench import common as C
 
 
-def learn(contender: str, task: str, seed: int, threshold: float, max_steps: int,
-          overrides: Sequence[str]) -> Dict[str, Any]:
+def learn(
+    contender: str, task: str, seed: int, threshold: float, max_steps: int, overrides: Sequence[str]
+) -> Dict[str, Any]:
     from raylab.bench.train import algorithm_config, compose_cfg, stop_algorithm
     from raylab.reporting import env_steps
 
@@ -56,25 +57,44 @@ def learn(contender: str, task: str, seed: int, threshold: float, max_steps: int
         stop_algorithm(algo, contender, cfg)
     side = "raylab_sac" if contender == "batched" else contender
     last = curve[-1] if curve else None
-    print(f"  {side:10s} seed {seed}: "
-          + (f"reached {threshold:g} at {reached:,} env steps" if reached is not None
-             else f"did not reach {threshold:g} in {max_steps:,} env steps")
-          + (f" (last mean return {last[1]:.1f} at {last[0]:,} steps, {last[2]:.0f} s)" if last else ""),
-          flush=True)
-    return {"contender": side, "seed": seed, "reached_at_env_steps": reached,
-            "wall_s": round(time.perf_counter() - t0, 1), "curve": curve}
+    print(
+        f"  {side:10s} seed {seed}: "
+        + (
+            f"reached {threshold:g} at {reached:,} env steps"
+            if reached is not None
+            else f"did not reach {threshold:g} in {max_steps:,} env steps"
+        )
+        + (
+            f" (last mean return {last[1]:.1f} at {last[0]:,} steps, {last[2]:.0f} s)"
+            if last
+            else ""
+        ),
+        flush=True,
+    )
+    return {
+        "contender": side,
+        "seed": seed,
+        "reached_at_env_steps": reached,
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "curve": curve,
+    }
 
 
 def main(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--task", default="Pendulum-v1")
     p.add_argument("--threshold", type=float, default=-250.0, help="mean episode return to reach")
     p.add_argument("--max-steps", type=int, default=12000, help="env step budget per run")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--out", default="runs/bench/sac_sample_efficiency.json")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                   help="raylab config overrides for both contenders")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="raylab config overrides for both contenders",
+    )
     args = p.parse_args(argv)
     command = C.command_line("python benchmarks/sac_sample_efficiency.py", argv)
 
@@ -86,19 +106,30 @@ def main(argv: Sequence[str]) -> int:
     check = C.machine_check(3)
     C.print_check(check)
     result: Dict[str, Any] = {
-        "kind": "sac_sample_efficiency", "command": command,
+        "kind": "sac_sample_efficiency",
+        "command": command,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "params": {"task": args.task, "threshold": args.threshold, "max_steps": args.max_steps,
-                   "seeds": args.seeds, "overrides": args.overrides},
-        "machine": C.machine_info(), "machine_check": check, "runs": [],
+        "params": {
+            "task": args.task,
+            "threshold": args.threshold,
+            "max_steps": args.max_steps,
+            "seeds": args.seeds,
+            "overrides": args.overrides,
+        },
+        "machine": C.machine_info(),
+        "machine_check": check,
+        "runs": [],
     }
     init_ray(compose_cfg("sac", args.task, args.overrides))
     try:
         for k, seed in enumerate(args.seeds):
             order = ["batched", "stock_sac"] if k % 2 == 0 else ["stock_sac", "batched"]
             for contender in order:
-                result["runs"].append(learn(contender, args.task, seed, args.threshold,
-                                            args.max_steps, args.overrides))
+                result["runs"].append(
+                    learn(
+                        contender, args.task, seed, args.threshold, args.max_steps, args.overrides
+                    )
+                )
     finally:
         ray.shutdown()
     result["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]

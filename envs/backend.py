@@ -38,12 +38,25 @@ MAX_THREADS = 8
 
 # Sensor types whose values depend only on the stages :func:`sensor_pass` runs.
 _T = mujoco.mjtSensor
-SENSOR_PASS_TYPES = frozenset(int(t) for t in (
-    _T.mjSENS_JOINTPOS, _T.mjSENS_JOINTVEL, _T.mjSENS_ACTUATORPOS, _T.mjSENS_ACTUATORVEL,
-    _T.mjSENS_ACTUATORFRC, _T.mjSENS_FRAMEPOS, _T.mjSENS_FRAMEQUAT, _T.mjSENS_FRAMEXAXIS,
-    _T.mjSENS_FRAMEYAXIS, _T.mjSENS_FRAMEZAXIS, _T.mjSENS_FRAMELINVEL, _T.mjSENS_FRAMEANGVEL,
-    _T.mjSENS_GYRO, _T.mjSENS_VELOCIMETER,
-))
+SENSOR_PASS_TYPES = frozenset(
+    int(t)
+    for t in (
+        _T.mjSENS_JOINTPOS,
+        _T.mjSENS_JOINTVEL,
+        _T.mjSENS_ACTUATORPOS,
+        _T.mjSENS_ACTUATORVEL,
+        _T.mjSENS_ACTUATORFRC,
+        _T.mjSENS_FRAMEPOS,
+        _T.mjSENS_FRAMEQUAT,
+        _T.mjSENS_FRAMEXAXIS,
+        _T.mjSENS_FRAMEYAXIS,
+        _T.mjSENS_FRAMEZAXIS,
+        _T.mjSENS_FRAMELINVEL,
+        _T.mjSENS_FRAMEANGVEL,
+        _T.mjSENS_GYRO,
+        _T.mjSENS_VELOCIMETER,
+    )
+)
 
 
 def sensor_pass_applies(model: mujoco.MjModel) -> bool:
@@ -242,7 +255,10 @@ class BatchedMujoco:
     def _step_owned(self, k: int) -> None:
         models, datas, nsub = self.models, self.datas, self.nsubsteps
         ctrl, active, kick_mask, kick = (
-            self._in_ctrl, self._in_active, self._in_kick_mask, self._in_kick
+            self._in_ctrl,
+            self._in_active,
+            self._in_kick_mask,
+            self._in_kick,
         )
         kd = self.kick_dofs
         out = self.sensordata

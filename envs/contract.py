@@ -77,8 +77,22 @@ CASES: Sequence[Case] = (
     ),
     Case("variant backlash", {"reward_version": "v1", "variant": "backlash"}, 2, 800, 0.3),
     Case("variant toes", {"reward_version": "v2", "variant": "toes"}, 2, 900),
-    Case("DR injected low", {"reward_version": "v2", "domain_randomization": True}, 2, 1000, 0.3, "low"),
-    Case("DR injected high", {"reward_version": "v1", "domain_randomization": True}, 2, 1100, 1.0, "high"),
+    Case(
+        "DR injected low",
+        {"reward_version": "v2", "domain_randomization": True},
+        2,
+        1000,
+        0.3,
+        "low",
+    ),
+    Case(
+        "DR injected high",
+        {"reward_version": "v1", "domain_randomization": True},
+        2,
+        1100,
+        1.0,
+        "high",
+    ),
     Case("sensor noise", {"reward_version": "v2", "sensor_noise": True}, 2, 1200, 0.3),
 )
 
@@ -109,8 +123,14 @@ def run_reference(options: Dict[str, Any], params: Sequence[EpisodeParams], acti
     for i, p in enumerate(params):
         env = MicroduckBalanceEnv(**options)
         obs, info = env.reset(options={"episode_params": p})
-        rec = {"obs": [obs], "reward": [], "terminated": [], "truncated": [], "terms": [],
-               "info": [{k: info[k] for k in INFO_FLAGS if k in info}]}  # fmt: skip
+        rec = {
+            "obs": [obs],
+            "reward": [],
+            "terminated": [],
+            "truncated": [],
+            "terms": [],
+            "info": [{k: info[k] for k in INFO_FLAGS if k in info}],
+        }
         for t in range(actions.shape[0]):
             obs, r, term, trunc, info = env.step(actions[t, i])
             rec["obs"].append(obs)
@@ -140,8 +160,14 @@ def run_batched(
     )
     try:
         obs, info = env.reset(options={"episode_params": list(params)})
-        rec = {"obs": [obs], "reward": [], "terminated": [], "truncated": [], "terms": [],
-               "info": [{k: info[k] for k in INFO_FLAGS}]}  # fmt: skip
+        rec = {
+            "obs": [obs],
+            "reward": [],
+            "terminated": [],
+            "truncated": [],
+            "terms": [],
+            "info": [{k: info[k] for k in INFO_FLAGS}],
+        }
         for t in range(actions.shape[0]):
             obs, r, term, trunc, info = env.step(actions[t])
             rec["obs"].append(obs)
@@ -180,8 +206,16 @@ class Comparison:
         )
 
     def add(self, other: "Comparison") -> None:
-        for name in ("episodes", "observations", "identical_observations", "rewards",
-                     "identical_rewards", "flag_mismatches", "term_mismatches", "info_mismatches"):  # fmt: skip
+        for name in (
+            "episodes",
+            "observations",
+            "identical_observations",
+            "rewards",
+            "identical_rewards",
+            "flag_mismatches",
+            "term_mismatches",
+            "info_mismatches",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.max_abs_obs_diff = max(self.max_abs_obs_diff, other.max_abs_obs_diff)
         self.max_abs_reward_diff = max(self.max_abs_reward_diff, other.max_abs_reward_diff)
@@ -223,8 +257,10 @@ def compare(ref, batched) -> Comparison:
             else:
                 c.max_abs_reward_diff = max(c.max_abs_reward_diff, abs(rew - b))
                 miss(f"episode {i} reward {t}")
-            if (r["terminated"][t] != batched["terminated"][t][i]
-                    or r["truncated"][t] != batched["truncated"][t][i]):  # fmt: skip
+            if (
+                r["terminated"][t] != batched["terminated"][t][i]
+                or r["truncated"][t] != batched["truncated"][t][i]
+            ):
                 c.flag_mismatches += 1
                 miss(f"episode {i} step {t} terminated/truncated")
             rt, bt = r["terms"][t], batched["terms"][t]
@@ -248,22 +284,32 @@ def run_contract(cases: Sequence[Case] = CASES, steps: int = 250, num_threads: i
     for case in cases:
         t0 = time.perf_counter()
         c = run_case(case, steps, num_threads)
-        rows.append({"case": case.name, "options": case.options, "seconds": time.perf_counter() - t0,
-                     **c.as_dict()})  # fmt: skip
+        rows.append(
+            {
+                "case": case.name,
+                "options": case.options,
+                "seconds": time.perf_counter() - t0,
+                **c.as_dict(),
+            }
+        )
         total.add(c)
     return rows, total
 
 
 def format_table(rows, total: Comparison) -> str:
-    head = f"{'case':<28} {'episodes':>8} {'obs compared':>12} {'bit-identical':>13} " \
-           f"{'max abs diff':>12} {'max rew diff':>12} {'info/term/flag':>14}"  # fmt: skip
+    head = (
+        f"{'case':<28} {'episodes':>8} {'obs compared':>12} {'bit-identical':>13} "
+        f"{'max abs diff':>12} {'max rew diff':>12} {'info/term/flag':>14}"
+    )
     lines = [head, "-" * len(head)]
 
     def line(name, c):
         mism = f"{c['info_mismatches']}/{c['term_mismatches']}/{c['flag_mismatches']}"
-        return (f"{name:<28} {c['episodes']:>8} {c['observations']:>12,} "
-                f"{c['identical_observations']:>13,} {c['max_abs_obs_diff']:>12.1e} "
-                f"{c['max_abs_reward_diff']:>12.1e} {mism:>14}")  # fmt: skip
+        return (
+            f"{name:<28} {c['episodes']:>8} {c['observations']:>12,} "
+            f"{c['identical_observations']:>13,} {c['max_abs_obs_diff']:>12.1e} "
+            f"{c['max_abs_reward_diff']:>12.1e} {mism:>14}"
+        )
 
     for r in rows:
         lines.append(line(r["case"], r))
@@ -291,7 +337,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows, total = run_contract(CASES, args.steps, args.threads)
     print(format_table(rows, total))
     report = {
-        "command": "python -m raylab.envs.contract " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m raylab.envs.contract "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
         "steps_per_episode": args.steps,
         "num_threads": args.threads,
         "cases": rows,

@@ -297,8 +297,9 @@ class LeggedRobot:
     sensors: Dict[str, slice]
 
     @classmethod
-    def of(cls, model: mujoco.MjModel, actuators: Tuple[str, ...], feet: Tuple[str, ...],
-           key: str) -> "LeggedRobot":  # fmt: skip
+    def of(
+        cls, model: mujoco.MjModel, actuators: Tuple[str, ...], feet: Tuple[str, ...], key: str
+    ) -> "LeggedRobot":
         jid = np.array([model.actuator(a).trnid[0] for a in actuators])
         act_ids = np.array([model.actuator(a).id for a in actuators])
         key_id = model.key(key).id
@@ -367,8 +368,12 @@ def draw_domain(rng: np.random.Generator, ranges: DomainRanges, nbody: int) -> D
     return {"friction": friction, "mass": mass, "kp": kp, "kd": kd}
 
 
-def apply_domain(model: mujoco.MjModel, nominal: Dict[str, np.ndarray], robot: LeggedRobot,
-                 domain: Optional[Dict[str, Any]]) -> None:  # fmt: skip
+def apply_domain(
+    model: mujoco.MjModel,
+    nominal: Dict[str, np.ndarray],
+    robot: LeggedRobot,
+    domain: Optional[Dict[str, Any]],
+) -> None:
     """Restore the nominal fields, then (if ``domain``) write the episode's factors; values are
     always computed from the nominal arrays, so nothing compounds across episodes."""
     for name, value in nominal.items():
@@ -522,8 +527,10 @@ def _check_values(o) -> None:
         if not math.isfinite(v) or v <= 0:
             bad(f"{name}={v} is invalid; it must be finite and > 0")
     if not 0 <= o.air_time_min_s <= o.air_time_max_s:
-        bad(f"air_time_min_s={o.air_time_min_s}, air_time_max_s={o.air_time_max_s} are invalid; "
-            "need 0 <= air_time_min_s <= air_time_max_s")  # fmt: skip
+        bad(
+            f"air_time_min_s={o.air_time_min_s}, air_time_max_s={o.air_time_max_s} are invalid; "
+            "need 0 <= air_time_min_s <= air_time_max_s"
+        )
     for name in reward_weight_fields(type(o)):
         if not math.isfinite(float(getattr(o, name))):
             bad(f"{name}={getattr(o, name)} is invalid; a reward weight must be finite")
@@ -583,8 +590,15 @@ class JoystickVecEnv(VectorEnv):
     task: JoystickTask
     metadata = {"render_modes": [], "autoreset_mode": AutoresetMode.NEXT_STEP}
 
-    def __init__(self, num_envs: int = 16, num_threads: int = 1, allow_overcommit: bool = False,
-                 autoreset_mode: str = "next_step", info_mode: str = "none", **options):  # fmt: skip
+    def __init__(
+        self,
+        num_envs: int = 16,
+        num_threads: int = 1,
+        allow_overcommit: bool = False,
+        autoreset_mode: str = "next_step",
+        info_mode: str = "none",
+        **options,
+    ):
         self.opts = parse_options(self.task.config_cls, options)
         self.autoreset = check_choice("autoreset_mode", autoreset_mode, AUTORESET_MODES)
         self.info_mode = check_choice("info_mode", info_mode, INFO_MODES)
@@ -596,10 +610,13 @@ class JoystickVecEnv(VectorEnv):
         proto = self.task.model()
         self.robot = LeggedRobot.of(proto, self.task.actuators, self.task.feet, self.task.key)
         self.sim = BatchedMujoco(
-            proto, n, num_threads, nsubsteps=self.task.nsubsteps,
+            proto,
+            n,
+            num_threads,
+            nsubsteps=self.task.nsubsteps,
             allow_overcommit=allow_overcommit,
             kick_dofs=slice(self.robot.root_dof, self.robot.root_dof + 2),
-        )  # fmt: skip
+        )
         self.num_envs = n
         self.num_threads = self.sim.num_threads
         self.nominal = nominal_physics(proto)
@@ -738,8 +755,9 @@ class JoystickVecEnv(VectorEnv):
 
         self.prev_action[ids] = self.action[ids]
         self.action[ids] = actions[ids]
-        target = np.clip(self.default + self.opts.action_scale * self.action,
-                         self.robot.lower, self.robot.upper)  # fmt: skip
+        target = np.clip(
+            self.default + self.opts.action_scale * self.action, self.robot.lower, self.robot.upper
+        )
         self.ctrl[:, self.robot.act_ids] = target
 
         self.events.apply("step", self)  # pushes -> kick_mask, kick

@@ -156,7 +156,8 @@ class RewardManager:
 
 @dataclass(frozen=True)
 class TerminationTerm:
-    """``fn(env) -> (N,) bool``. ``time_out`` terms truncate (the learner bootstraps), others terminate."""
+    """``fn(env) -> (N,) bool``. ``time_out`` terms truncate (the learner bootstraps); the others
+    terminate."""
 
     name: str
     fn: TermFn

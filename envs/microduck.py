@@ -47,10 +47,21 @@ from raylab.envs import asset_path
 # ---------------------------------------------------------------------------------------------
 
 ACTUATOR_NAMES: Tuple[str, ...] = (
-    "left_hip_yaw", "left_hip_roll", "left_hip_pitch", "left_knee", "left_ankle",
-    "neck_pitch", "head_pitch", "head_yaw", "head_roll",
-    "right_hip_yaw", "right_hip_roll", "right_hip_pitch", "right_knee", "right_ankle",
-)  # fmt: skip
+    "left_hip_yaw",
+    "left_hip_roll",
+    "left_hip_pitch",
+    "left_knee",
+    "left_ankle",
+    "neck_pitch",
+    "head_pitch",
+    "head_yaw",
+    "head_roll",
+    "right_hip_yaw",
+    "right_hip_roll",
+    "right_hip_pitch",
+    "right_knee",
+    "right_ankle",
+)
 NUM_ACTIONS = len(ACTUATOR_NAMES)
 OBS_DIM = 48
 # privileged_obs: the critic-only entries after the 48: trunk-frame linear velocity (m/s, the
@@ -320,7 +331,11 @@ class RobotIndex:
             name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_SENSOR, s)
             adr, dim = int(model.sensor_adr[s]), int(model.sensor_dim[s])
             sensors[name] = slice(adr, adr + dim)
-        for group, prefix in (("joint_pos", "pos_"), ("joint_vel", "vel_"), ("joint_force", "frc_")):
+        for group, prefix in (
+            ("joint_pos", "pos_"),
+            ("joint_vel", "vel_"),
+            ("joint_force", "frc_"),
+        ):
             first = sensors[prefix + ACTUATOR_NAMES[0]].start
             expected = [slice(first + k, first + k + 1) for k in range(NUM_ACTIONS)]
             if [sensors[prefix + n] for n in ACTUATOR_NAMES] != expected:
@@ -413,7 +428,9 @@ class EpisodeParams:
             noise_seed=int(d["noise_seed"]),
             domain=None
             if dom is None
-            else DomainParams(**{**dom, "mass_scale": np.asarray(dom["mass_scale"], dtype=np.float64)}),
+            else DomainParams(
+                **{**dom, "mass_scale": np.asarray(dom["mass_scale"], dtype=np.float64)}
+            ),
         )
 
 
@@ -467,7 +484,9 @@ def check_episode_params(p: Any, robot: RobotIndex, episode_steps: int) -> Episo
     if isinstance(p, dict):
         p = EpisodeParams.from_dict(p)
     if not isinstance(p, EpisodeParams):
-        raise TypeError(f"episode_params must be an EpisodeParams or its dict, got {type(p).__name__}")
+        raise TypeError(
+            f"episode_params must be an EpisodeParams or its dict, got {type(p).__name__}"
+        )
     p = p.copy()
     if p.qpos.shape != (robot.nq,) or p.qvel.shape != (robot.nv,):
         raise ValueError(
@@ -679,8 +698,9 @@ class MicroduckBalanceEnv(gym.Env):
         obs = (raw * OBS_SCALE).astype(np.float32)
         if not self.opts.privileged_obs:
             return obs
-        extra = np.concatenate([self.data.sensor("local_linvel").data,
-                                self.data.sensor("trunk_pos").data[2:3]])  # fmt: skip
+        extra = np.concatenate(
+            [self.data.sensor("local_linvel").data, self.data.sensor("trunk_pos").data[2:3]]
+        )
         return np.concatenate([obs, extra.astype(np.float32)])
 
     def _trunk_height(self) -> float:

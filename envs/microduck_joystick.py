@@ -36,7 +36,12 @@ from raylab.envs.joystick import (
     obs_joint_vel,
 )
 from raylab.envs.managers import ObsTerm
-from raylab.envs.microduck import ACTUATOR_NAMES, FRICTION_SCALE_RANGE, MASS_SCALE_RANGE, NUM_ACTIONS
+from raylab.envs.microduck import (
+    ACTUATOR_NAMES,
+    FRICTION_SCALE_RANGE,
+    MASS_SCALE_RANGE,
+    NUM_ACTIONS,
+)
 from raylab.envs.tasks import MicroduckJoystickConfig
 
 FEET = ("left", "right")
@@ -53,8 +58,12 @@ def prototype() -> mujoco.MjModel:
     hx, hy, hz = FOOT_BOX_HALF
     for side in FEET:
         foot = spec.body(f"{side}_foot")
-        foot.add_site(name=f"{side}_foot_touch", type=mujoco.mjtGeom.mjGEOM_BOX,
-                      size=[hx + 0.001, hy + 0.001, hz + 0.002], pos=[x, y, z])  # fmt: skip
+        foot.add_site(
+            name=f"{side}_foot_touch",
+            type=mujoco.mjtGeom.mjGEOM_BOX,
+            size=[hx + 0.001, hy + 0.001, hz + 0.002],
+            pos=[x, y, z],
+        )
         foot.add_site(name=f"{side}_sole", pos=[x, y, z - hz])
     for kind, sensor, obj in (
         ("pos", mujoco.mjtSensor.mjSENS_FRAMEPOS, "sole"),
@@ -62,8 +71,12 @@ def prototype() -> mujoco.MjModel:
         ("touch", mujoco.mjtSensor.mjSENS_TOUCH, "foot_touch"),
     ):
         for side in FEET:
-            spec.add_sensor(name=f"{side}_foot_{kind}", type=sensor,
-                            objtype=mujoco.mjtObj.mjOBJ_SITE, objname=f"{side}_{obj}")  # fmt: skip
+            spec.add_sensor(
+                name=f"{side}_foot_{kind}",
+                type=sensor,
+                objtype=mujoco.mjtObj.mjOBJ_SITE,
+                objname=f"{side}_{obj}",
+            )
     return spec.compile()
 
 
@@ -90,8 +103,9 @@ TASK = JoystickTask(
     foot_radius=0.0,  # the sole site is the foot's lowest point
     contact_force=0.1,  # N (the robot weighs 7.3 N)
     fall_up_z=0.5,
-    domain=DomainRanges(friction=FRICTION_SCALE_RANGE, mass=MASS_SCALE_RANGE,
-                        kp=(0.9, 1.1), kd=(0.85, 1.15)),  # fmt: skip
+    domain=DomainRanges(
+        friction=FRICTION_SCALE_RANGE, mass=MASS_SCALE_RANGE, kp=(0.9, 1.1), kd=(0.85, 1.15)
+    ),
 )
 
 

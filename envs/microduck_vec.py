@@ -83,9 +83,11 @@ def _mean_square(x: np.ndarray) -> np.ndarray:
 # vector-env plumbing shared with the joystick tasks (envs/joystick.py)
 def seeded_rngs(seed, n: int) -> List[np.random.Generator]:
     """``reset(seed=...)``: an int s seeds env i with s + i; a sequence gives one seed per env."""
-    seeds = list(seed) if isinstance(seed, (list, tuple, np.ndarray)) else [
-        int(seed) + i for i in range(n)
-    ]
+    seeds = (
+        list(seed)
+        if isinstance(seed, (list, tuple, np.ndarray))
+        else [int(seed) + i for i in range(n)]
+    )
     if len(seeds) != n:
         raise ValueError(f"reset got {len(seeds)} seeds for {n} envs")
     return [np.random.default_rng(s) for s in seeds]
@@ -107,7 +109,9 @@ def check_actions(actions, num_envs: int, num_actions: int) -> Tuple[np.ndarray,
     return clipped, int(np.count_nonzero(clipped != a))
 
 
-def keep_final(obs: np.ndarray, info: Dict[str, Any], done: np.ndarray, full_info: bool) -> np.ndarray:
+def keep_final(
+    obs: np.ndarray, info: Dict[str, Any], done: np.ndarray, full_info: bool
+) -> np.ndarray:
     """SAME_STEP autoreset: the ending envs' final observation (and info, in full info mode)
     go into ``info`` the Gymnasium way; returns their ids, which the caller then resets."""
     done_ids = np.flatnonzero(done)
@@ -217,6 +221,7 @@ OBSERVATIONS = (
     ObsTerm("gyro", obs_gyro, 3, scale=0.25),
     ObsTerm("projected_gravity", obs_gravity, 3, scale=1.0),
 )
+
 
 def obs_base_lin_vel(env):
     return env.lin_vel
@@ -397,7 +402,8 @@ class MicroduckBalanceVecEnv(VectorEnv):
 
     def reset(self, *, seed=None, options: Optional[dict] = None):
         """Reset every env. ``seed=s`` seeds env i with ``s + i`` (a list gives one seed per env);
-        ``options={"episode_params": [p_0, ..., p_N-1]}`` replays drawn values (None entries draw)."""
+        ``options={"episode_params": [p_0, ..., p_N-1]}`` replays drawn values (None entries
+        draw)."""
         n = self.num_envs
         if seed is not None:
             self.rngs = seeded_rngs(seed, n)

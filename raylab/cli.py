@@ -96,8 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_Formatter,
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="run directory written by raylab train")
-    p.add_argument("--checkpoint", default=None, help="checkpoint path, or best (the best evaluation during training); default the latest")
-    p.add_argument("--episodes", type=int, default=100, help="episodes to run (episode k: seed + k)")
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        help="checkpoint path, or best (the best evaluation during training); default the latest",
+    )
+    p.add_argument(
+        "--episodes", type=int, default=100, help="episodes to run (episode k: seed + k)"
+    )
     p.add_argument("--seed", type=int, default=1000, help="seed of the first episode")
     p.add_argument("--video", action="store_true", help="render play_video.mp4 (offscreen)")
     p.set_defaults(func=_cmd_eval)
@@ -112,11 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_Formatter,
     )
     p.add_argument("run_dirs", metavar="RUN_DIR", nargs="+", help="run directories")
-    p.add_argument("--out", default=None,
-                   help="PNG path (default: RUN_DIR/learning_curve.png for one run, else "
-                        "./learning_curve.png)")  # fmt: skip
-    p.add_argument("--no-baselines", action="store_true",
-                   help="skip the baseline lines (they take up to a minute the first time)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="PNG path (default: RUN_DIR/learning_curve.png for one run, else "
+        "./learning_curve.png)",
+    )
+    p.add_argument(
+        "--no-baselines",
+        action="store_true",
+        help="skip the baseline lines (they take up to a minute the first time)",
+    )
     p.set_defaults(func=_cmd_plot)
 
     # tune
@@ -126,10 +138,19 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a hyperparameter sweep described by a YAML file in tune_configs/.",
         formatter_class=_Formatter,
     )
-    p.add_argument("file", metavar="FILE", nargs="?", default=None,
-                   help="sweep YAML (see tune_configs/); omit with --resume")
-    p.add_argument("--resume", metavar="SWEEP_DIR", default=None,
-                   help="resume an interrupted sweep from its directory")
+    p.add_argument(
+        "file",
+        metavar="FILE",
+        nargs="?",
+        default=None,
+        help="sweep YAML (see tune_configs/); omit with --resume",
+    )
+    p.add_argument(
+        "--resume",
+        metavar="SWEEP_DIR",
+        default=None,
+        help="resume an interrupted sweep from its directory",
+    )
     p.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE", help="base config overrides for every trial"
     )
@@ -170,8 +191,9 @@ def _cmd_train(args) -> int:
 
     if args.print_config:
         if args.resume:
-            from raylab.train import load_run_config
             from pathlib import Path
+
+            from raylab.train import load_run_config
 
             cfg = load_run_config(Path(args.resume))
         else:

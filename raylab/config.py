@@ -20,15 +20,13 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from omegaconf import DictConfig, MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from raylab.envs.tasks import TASKS, EnvConfig, TaskSpec, _f
 from raylab.errors import UserError, choices_hint
 
 SIMS = ("mujoco",)
-
-
 
 
 # --------------------------------------------------------------------------------- training
@@ -76,7 +74,9 @@ class TrainingConfig:
         1.0, "minimum wall time of one training iteration (RLlib min_time_s_per_iteration)"
     )
     terminal: str = _f(
-        "auto", "live panel (TTY), plain progress lines, or nothing", ("auto", "live", "plain", "off")
+        "auto",
+        "live panel (TTY), plain progress lines, or nothing",
+        ("auto", "live", "plain", "off"),
     )
     fast_sampler: Optional[bool] = _f(
         None,
@@ -84,7 +84,9 @@ class TrainingConfig:
         "step per vector step, episodes built once per fragment); false: RLlib's own EnvRunner "
         "loop; null: on for raylab tasks, off for Gymnasium ids (which it does not support)",
     )
-    trace_enabled: bool = _f(False, "write a Perfetto / Chrome trace of learner and collector phases")
+    trace_enabled: bool = _f(
+        False, "write a Perfetto / Chrome trace of learner and collector phases"
+    )
     trace_output_dir: Optional[str] = _f(None, "trace folder; default <run_dir>/traces")
     trace_thread_time: bool = _f(False, "add thread CPU time to trace events")
     trace_cuda_events: bool = _f(False, "time GPU work with CUDA events in traces (GPU only)")
@@ -99,7 +101,9 @@ class AlgoConfig:
     algo_log_name: str = _f(MISSING, "folder name under logs/ for this algorithm")
     lr: float = _f(3e-4, "learning rate")
     gamma: float = _f(0.99, "discount factor")
-    hidden: List[int] = _f(help="hidden layer sizes of policy and value nets", factory=lambda: [256, 256])
+    hidden: List[int] = _f(
+        help="hidden layer sizes of policy and value nets", factory=lambda: [256, 256]
+    )
     activation: str = _f("tanh", "hidden activation", ("tanh", "relu", "silu"))
     grad_clip: Optional[float] = _f(1.0, "global gradient-norm clip (null: off)")
     init_log_std: float = _f(

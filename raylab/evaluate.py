@@ -72,12 +72,14 @@ def eval_line(stats: Dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------------------------- baselines
 
+
 def _cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 
 
-def baseline_scores(cfg, episodes: int = 100, seed: int = 1000,
-                    cache_dir: Optional[Path] = None) -> Dict[str, Dict[str, Any]]:  # fmt: skip
+def baseline_scores(
+    cfg, episodes: int = 100, seed: int = 1000, cache_dir: Optional[Path] = None
+) -> Dict[str, Dict[str, Any]]:
     """Hold-pose (zero action) and random-action scores on the task of ``cfg``, by
     :func:`run_policy_episodes` with the evaluation's protocol. Cached per task options under
     ``$XDG_CACHE_HOME/raylab/baselines`` (default ``~/.cache``; they take seconds to compute)."""
@@ -86,10 +88,15 @@ def baseline_scores(cfg, episodes: int = 100, seed: int = 1000,
     from raylab.algorithms.build import env_options
 
     options = {k: v for k, v in env_options(cfg).items() if k != "num_threads"}
-    key = json.dumps({"task": cfg.task, "options": options, "episodes": episodes, "seed": seed},
-                     sort_keys=True, default=str)  # fmt: skip
+    key = json.dumps(
+        {"task": cfg.task, "options": options, "episodes": episodes, "seed": seed},
+        sort_keys=True,
+        default=str,
+    )
     folder = Path(cache_dir) if cache_dir is not None else _cache_root() / "raylab" / "baselines"
-    path = folder / f"{cfg.task.replace('/', '_')}-{hashlib.sha1(key.encode()).hexdigest()[:12]}.json"
+    path = (
+        folder / f"{cfg.task.replace('/', '_')}-{hashlib.sha1(key.encode()).hexdigest()[:12]}.json"
+    )
     if path.is_file():
         try:
             return json.loads(path.read_text())["scores"]
@@ -226,7 +233,8 @@ class _Renderer:
             self.renderer = mujoco.Renderer(self.model, height, width)
         except Exception as e:
             raise UserError(
-                f"offscreen rendering is unavailable (MUJOCO_GL={os.environ.get('MUJOCO_GL', '')}): {e}; "
+                "offscreen rendering is unavailable "
+                f"(MUJOCO_GL={os.environ.get('MUJOCO_GL', '')}): {e}; "
                 "install libegl-mesa0 (or libosmesa6 and set MUJOCO_GL=osmesa)"
             ) from e
         self.camera = mujoco.MjvCamera()
@@ -263,7 +271,9 @@ def evaluate(run_dir: str, checkpoint: Optional[str], episodes: int, seed: int, 
     if checkpoint is None:
         found = find_checkpoints(run)
         if not found:
-            raise UserError(f"no checkpoint in '{run / TUNE_DIR}'; train first or pass --checkpoint")
+            raise UserError(
+                f"no checkpoint in '{run / TUNE_DIR}'; train first or pass --checkpoint"
+            )
         ckpt = found[-1]
     elif checkpoint == "best":
         ckpt = best_checkpoint(run)
@@ -293,16 +303,18 @@ def evaluate(run_dir: str, checkpoint: Optional[str], episodes: int, seed: int, 
         _upload_video(cfg, run, video_path)
     (run / "eval.json").write_text(json.dumps(stats, indent=2))
     print(eval_line(stats))
-    print(f"raylab: wrote {run / 'eval.json'}" + (f" and {video_path}" if video else ""), file=sys.stderr)
+    print(
+        f"raylab: wrote {run / 'eval.json'}" + (f" and {video_path}" if video else ""),
+        file=sys.stderr,
+    )
     return 0
 
 
 def _upload_video(cfg, run: Path, video_path: Path) -> None:
     if cfg.training.logger != "wandb":
         return
-    from raylab.metrics.backends import make_backend
-
     from raylab.config import to_dict
+    from raylab.metrics.backends import make_backend
 
     backend = make_backend(cfg.training, run, to_dict(cfg))
     try:
@@ -335,12 +347,19 @@ def track_error_main(argv=None) -> int:
         "default pose, on the same fixed-seed episodes.",
     )
     p.add_argument("run_dir", nargs="?", help="raylab run directory (omit: the baseline only)")
-    p.add_argument("--task", choices=JOYSTICK_TASKS, default=None,
-                   help="task of the baseline without a run (default go2_joystick_flat)")  # fmt: skip
+    p.add_argument(
+        "--task",
+        choices=JOYSTICK_TASKS,
+        default=None,
+        help="task of the baseline without a run (default go2_joystick_flat)",
+    )
     p.add_argument("--checkpoint", help="checkpoint to use (default: the run's last)")
     p.add_argument("--all", action="store_true", help="evaluate every checkpoint of the run")
-    p.add_argument("--sample", action="store_true",
-                   help="also evaluate the policy with sampled actions (as it acts in training)")
+    p.add_argument(
+        "--sample",
+        action="store_true",
+        help="also evaluate the policy with sampled actions (as it acts in training)",
+    )
     p.add_argument("--episodes", type=int, default=16)
     p.add_argument("--seed", type=int, default=1000)
     p.add_argument("--out", help="JSON file (default: RUN_DIR/track_error.json)")
@@ -353,10 +372,14 @@ def track_error_main(argv=None) -> int:
             run = Path(a.run_dir).resolve()  # RLlib loads modules from absolute paths only
             cfg = load_run_config(run)
             if cfg.task not in JOYSTICK_TASKS:
-                raise UserError(f"run '{run}' trained task '{cfg.task}'; track-error needs one "
-                                f"of {', '.join(JOYSTICK_TASKS)}")  # fmt: skip
+                raise UserError(
+                    f"run '{run}' trained task '{cfg.task}'; track-error needs one "
+                    f"of {', '.join(JOYSTICK_TASKS)}"
+                )
             found = find_checkpoints(run)
-            ckpts = [Path(a.checkpoint).resolve()] if a.checkpoint else found if a.all else found[-1:]
+            ckpts = (
+                [Path(a.checkpoint).resolve()] if a.checkpoint else found if a.all else found[-1:]
+            )
             if not ckpts:
                 raise UserError(f"no checkpoint in '{run}'; train first or pass --checkpoint")
             for c in ckpts:
@@ -387,7 +410,9 @@ def track_error_main(argv=None) -> int:
                     run_one(f"{c} (sampled)", f"{c.name} sampled", sampled_policy(module, space))
         finally:
             env.close()
-        out = Path(a.out) if a.out else (Path(a.run_dir) / "track_error.json" if a.run_dir else None)
+        out = (
+            Path(a.out) if a.out else (Path(a.run_dir) / "track_error.json" if a.run_dir else None)
+        )
         if out is not None:
             out.write_text(json.dumps(results, indent=2))
             print(f"wrote {out}", file=sys.stderr)
@@ -402,8 +427,10 @@ def main(argv=None) -> int:
     commands = ("track-error",)
     if not argv or argv[0] not in commands:
         got = argv[0] if argv else "nothing"
-        print(f"raylab: error: unknown command {got!r}; valid choices: {', '.join(commands)}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"raylab: error: unknown command {got!r}; valid choices: {', '.join(commands)}",
+            file=sys.stderr,
+        )
         return 2
     return track_error_main(argv[1:])
 

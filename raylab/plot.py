@@ -78,7 +78,10 @@ def plot_runs(run_dirs: Sequence[str], out: Optional[str] = None, baselines: boo
         found = ", ".join(f"{t}/{a}" for t, a in sorted(kinds))
         raise UserError(f"raylab plot draws runs of one task and algorithm; got {found}")
     cfg = cfgs[0]
-    curves: Dict[str, List[Tuple[np.ndarray, np.ndarray]]] = {S.TRAIN_MEAN_REWARD: [], S.EVAL_MEAN_REWARD: []}
+    curves: Dict[str, List[Tuple[np.ndarray, np.ndarray]]] = {
+        S.TRAIN_MEAN_REWARD: [],
+        S.EVAL_MEAN_REWARD: [],
+    }
     for run in runs:
         table = extract(run)
         for tag in curves:
@@ -86,10 +89,15 @@ def plot_runs(run_dirs: Sequence[str], out: Optional[str] = None, baselines: boo
             if series is not None:
                 curves[tag].append(series)
     if not curves[S.TRAIN_MEAN_REWARD] and not curves[S.EVAL_MEAN_REWARD]:
-        raise UserError(f"no {S.TRAIN_MEAN_REWARD} or {S.EVAL_MEAN_REWARD} in {', '.join(map(str, runs))}")
+        raise UserError(
+            f"no {S.TRAIN_MEAN_REWARD} or {S.EVAL_MEAN_REWARD} in {', '.join(map(str, runs))}"
+        )
 
     fig, ax = plt.subplots(figsize=(8, 4.8), dpi=110)
-    styles = {S.TRAIN_MEAN_REWARD: ("tab:blue", "-", None), S.EVAL_MEAN_REWARD: ("tab:orange", "-", "o")}
+    styles = {
+        S.TRAIN_MEAN_REWARD: ("tab:blue", "-", None),
+        S.EVAL_MEAN_REWARD: ("tab:orange", "-", "o"),
+    }
     for tag, found in curves.items():
         if not found:
             continue
@@ -104,13 +112,19 @@ def plot_runs(run_dirs: Sequence[str], out: Optional[str] = None, baselines: boo
     if baselines and cfg.task in TASKS:
         from raylab.evaluate import baseline_scores
 
-        scores = baseline_scores(cfg, episodes=int(cfg.training.eval_episodes),
-                                 seed=int(cfg.training.eval_seed))  # fmt: skip
+        scores = baseline_scores(
+            cfg, episodes=int(cfg.training.eval_episodes), seed=int(cfg.training.eval_seed)
+        )
         for name, style in (("hold_pose", "--"), ("random", ":")):
             value = scores[name]["mean_return"]
-            ax.axhline(value, color="0.35", linestyle=style, linewidth=1.2,
-                       label=f"{name.replace('_', '-')} {value:.1f} "
-                             f"({int(cfg.training.eval_episodes)} eval episodes)")  # fmt: skip
+            ax.axhline(
+                value,
+                color="0.35",
+                linestyle=style,
+                linewidth=1.2,
+                label=f"{name.replace('_', '-')} {value:.1f} "
+                f"({int(cfg.training.eval_episodes)} eval episodes)",
+            )
     seeds = sorted({int(c.training.seed) for c in cfgs})
     ax.set_title(
         f"{cfg.task} · {cfg.algo.name.upper()} · {len(runs)} run(s), seeds "
@@ -122,8 +136,11 @@ def plot_runs(run_dirs: Sequence[str], out: Optional[str] = None, baselines: boo
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
-    path = Path(out) if out else (runs[0] / "learning_curve.png" if len(runs) == 1
-                                  else Path("learning_curve.png"))  # fmt: skip
+    path = (
+        Path(out)
+        if out
+        else (runs[0] / "learning_curve.png" if len(runs) == 1 else Path("learning_curve.png"))
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)

@@ -21,14 +21,14 @@ from typing import Any, Callable, Dict, Optional
 from ray import tune
 from ray.rllib.utils.metrics import EVALUATION_RESULTS
 
+from raylab.algorithms.algorithm import BEST_EVAL_KEY, EVAL_BEFORE_TRAIN_KEY, eval_tags
+from raylab.algorithms.callbacks import RUNTIME_KEY
 from raylab.algorithms.timeline import (
     COLLECTOR_TRACKER,
     LEARNER_TRACKER,
     RAYLAB_KEY,
     pull_final_stats,
 )
-from raylab.algorithms.algorithm import BEST_EVAL_KEY, EVAL_BEFORE_TRAIN_KEY, eval_tags
-from raylab.algorithms.callbacks import RUNTIME_KEY
 from raylab.metrics import schema as S
 
 STEPS_KEY = ("env_runners", "num_env_steps_sampled_lifetime")
@@ -138,7 +138,8 @@ class StopRequest:
                 raise KeyboardInterrupt
             cls.requested.set()
             print(
-                "\nraylab: stopping after this iteration (checkpoint + logs); Ctrl-C again to abort",
+                "\nraylab: stopping after this iteration (checkpoint + logs); "
+                "Ctrl-C again to abort",
                 file=sys.stderr,
                 flush=True,
             )
@@ -233,8 +234,11 @@ class RaylabTuneCallback(tune.Callback):
         checkpoint = trial.checkpoint
         if checkpoint is not None:
             path = str(checkpoint.path)
-            print(f"raylab: restoring trial {trial.trial_id} from checkpoint {path}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"raylab: restoring trial {trial.trial_id} from checkpoint {path}",
+                file=sys.stderr,
+                flush=True,
+            )
             history = run["dir"].read_summary().get("restored_from", [])
             run["dir"].update_summary(restored_from=[*history, path])
 
@@ -286,8 +290,11 @@ class RaylabTuneCallback(tune.Callback):
             if prior.get("score") is None or float(best["score"]) > float(prior["score"]):
                 # Recorded once its checkpoint is copied (on_checkpoint), so the summary never
                 # names a best without its checkpoint.
-                run["best"] = {"score": float(best["score"]),
-                               "training_iteration": int(best["iteration"]), "env_steps": step}
+                run["best"] = {
+                    "score": float(best["score"]),
+                    "training_iteration": int(best["iteration"]),
+                    "env_steps": step,
+                }
         if self.progress is not None:
             self.progress(trial, result, metrics)
         from raylab.dashboard import export_result  # Ray dashboard gauges (never raises)
@@ -299,12 +306,15 @@ class RaylabTuneCallback(tune.Callback):
         run["dir"].update_summary(last_checkpoint=str(checkpoint.path))
         best = run.pop("best", None)
         last = trial.last_result or {}
-        if best is not None and best["training_iteration"] == int(last.get("training_iteration", -1)):
+        if best is not None and best["training_iteration"] == int(
+            last.get("training_iteration", -1)
+        ):
             # This checkpoint holds the best evaluated policy so far: keep a copy as `best`
             # (Tune rotates its own checkpoints away, num_to_keep).
             dest = keep_best_checkpoint(Path(checkpoint.path), run["dir"].checkpoint_dir)
-            run["dir"].update_summary(best_eval={**best, "checkpoint": str(dest),
-                                                 "source": str(checkpoint.path)})  # fmt: skip
+            run["dir"].update_summary(
+                best_eval={**best, "checkpoint": str(dest), "source": str(checkpoint.path)}
+            )
         elif best is not None:
             run["best"] = best  # a checkpoint of another iteration: wait for the best's
 

@@ -30,8 +30,17 @@ SAMPLED_KEY = "raylab_sampled"
 DISTRIBUTIONS = ("choice", "uniform", "loguniform", "randint", "grid")
 SCHEDULERS = ("asha", "fifo")
 TOP_KEYS = (
-    "name", "algo", "task", "sim", "overrides", "search", "scheduler", "num_samples",
-    "max_concurrent_trials", "budget", "log_root",
+    "name",
+    "algo",
+    "task",
+    "sim",
+    "overrides",
+    "search",
+    "scheduler",
+    "num_samples",
+    "max_concurrent_trials",
+    "budget",
+    "log_root",
 )
 
 
@@ -60,7 +69,9 @@ class SweepSpec:
         for key, dist in self.search.items():
             if key not in keys:
                 raise UserError(f"{path}: search " + choices_hint(key, keys, "config key"))
-            if not (isinstance(dist, dict) and len(dist) == 1 and next(iter(dist)) in DISTRIBUTIONS):
+            if not (
+                isinstance(dist, dict) and len(dist) == 1 and next(iter(dist)) in DISTRIBUTIONS
+            ):
                 raise UserError(
                     f"{path}: search.{key} must be one of {{{', '.join(DISTRIBUTIONS)}: ...}}, "
                     f"got {dist!r}"
@@ -105,13 +116,16 @@ class SweepSpec:
         space = {}
         for key, dist in self.search.items():
             kind, v = next(iter(dist.items()))
-            space[key] = {
-                "choice": lambda: tune.choice(v),
-                "grid": lambda: tune.grid_search(v),
-                "uniform": lambda: tune.uniform(float(v[0]), float(v[1])),
-                "loguniform": lambda: tune.loguniform(float(v[0]), float(v[1])),
-                "randint": lambda: tune.randint(int(v[0]), int(v[1])),
-            }[kind]()
+            if kind == "choice":
+                space[key] = tune.choice(v)
+            elif kind == "grid":
+                space[key] = tune.grid_search(v)
+            elif kind == "uniform":
+                space[key] = tune.uniform(float(v[0]), float(v[1]))
+            elif kind == "loguniform":
+                space[key] = tune.loguniform(float(v[0]), float(v[1]))
+            else:  # randint; load_spec refused any other kind
+                space[key] = tune.randint(int(v[0]), int(v[1]))
         return {SAMPLED_KEY: space}
 
     def trial_config(self, sampled: Dict[str, Any]):
@@ -203,7 +217,9 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
 
     if resume:
         tuner = tune.Tuner.restore(
-            str(sweep_dir / TUNE_DIR), trainable=trainable, resume_unfinished=True,
+            str(sweep_dir / TUNE_DIR),
+            trainable=trainable,
+            resume_unfinished=True,
             resume_errored=True,
         )
     else:
@@ -260,7 +276,11 @@ def write_summary(spec: SweepSpec, sweep_dir: Path, results) -> Dict[str, Any]:
         except Exception:  # a trial that never reported: listed without a value
             summary, config = {}, None
         value = (summary.get("final_metrics") or {}).get(spec.metric)
-        sampled = {k: OmegaConf.select(OmegaConf.create(config), k) for k in spec.search} if config else {}
+        sampled = (
+            {k: OmegaConf.select(OmegaConf.create(config), k) for k in spec.search}
+            if config
+            else {}
+        )
         rows.append(
             {
                 "trial_id": trial_dir.name,
@@ -271,8 +291,12 @@ def write_summary(spec: SweepSpec, sweep_dir: Path, results) -> Dict[str, Any]:
                 "config": sampled,
             }
         )
-    scored = [r for r in rows if isinstance(r["metric"], (int, float)) and math.isfinite(r["metric"])]
-    best = (max if spec.mode == "max" else min)(scored, key=lambda r: r["metric"]) if scored else None
+    scored = [
+        r for r in rows if isinstance(r["metric"], (int, float)) and math.isfinite(r["metric"])
+    ]
+    best = (
+        (max if spec.mode == "max" else min)(scored, key=lambda r: r["metric"]) if scored else None
+    )
     table = {
         "name": spec.name,
         "algo": spec.algo,
@@ -288,8 +312,15 @@ def write_summary(spec: SweepSpec, sweep_dir: Path, results) -> Dict[str, Any]:
         keys = list(spec.search)
         writer.writerow(["trial_id", "status", "env_steps", spec.metric, *keys])
         for r in rows:
-            writer.writerow([r["trial_id"], r["status"], r["env_steps"], r["metric"],
-                             *[r["config"].get(k) for k in keys]])
+            writer.writerow(
+                [
+                    r["trial_id"],
+                    r["status"],
+                    r["env_steps"],
+                    r["metric"],
+                    *[r["config"].get(k) for k in keys],
+                ]
+            )
     return table
 
 
@@ -308,6 +339,11 @@ def print_table(table: Dict[str, Any], spec: SweepSpec) -> None:
     for r in table["trials"]:
         metric = f"{r['metric']:.3f}" if isinstance(r["metric"], float) else "-"
         mark = " *" if r["trial_id"] == best_id else ""
-        t.add_row(r["trial_id"] + mark, r["status"], f"{r['env_steps'] or 0:,}", metric,
-                  *[str(r["config"].get(k)) for k in spec.search])
+        t.add_row(
+            r["trial_id"] + mark,
+            r["status"],
+            f"{r['env_steps'] or 0:,}",
+            metric,
+            *[str(r["config"].get(k)) for k in spec.search],
+        )
     Console(stderr=False).print(t)

@@ -131,6 +131,7 @@ _POLICY_PREFIX = S.TAGS[S.POLICY_FAMILY].family_prefix
 
 # ------------------------------------------------------------------------------ system facts
 
+
 @dataclass(frozen=True)
 class SystemInfo:
     """What the job runs on; taken from the composed config, not from the metrics."""
@@ -175,6 +176,7 @@ class SystemInfo:
 
 # ------------------------------------------------------------------------------ sample window
 
+
 class SampleWindow:
     """Canonical metric samples with timestamps; the mean over the last ``window_s`` seconds.
 
@@ -216,6 +218,7 @@ class SampleWindow:
 
 # ------------------------------------------------------------------------------ formatting
 
+
 def fmt_number(x: Optional[float], sig: int = 4) -> str:
     """About ``sig`` significant digits, thousands separators, never scientific above 1e-3."""
     if x is None:
@@ -242,21 +245,23 @@ def _ms(tag: str, value: float) -> float:
 
 
 def _family_label(tag: str, prefix: str, known: Mapping[str, str], suffix: str = "") -> str:
-    name = tag[len(prefix):]
+    name = tag[len(prefix) :]
     if name in known:
         return known[name]
     return " ".join(w.capitalize() for w in name.replace("-", "_").split("_") if w) + suffix
 
 
-def _family_rows(values: Mapping[str, float], prefix: str, known: Mapping[str, str],
-                 suffix: str = "") -> List[Tuple[str, float]]:
+def _family_rows(
+    values: Mapping[str, float], prefix: str, known: Mapping[str, str], suffix: str = ""
+) -> List[Tuple[str, float]]:
     order = {name: i for i, name in enumerate(known)}
     tags = [t for t in values if t.startswith(prefix) and S.lookup(t) is S.FAMILIES[prefix]]
-    tags.sort(key=lambda t: (order.get(t[len(prefix):], len(order)), t))
+    tags.sort(key=lambda t: (order.get(t[len(prefix) :], len(order)), t))
     return [(_family_label(t, prefix, known, suffix), values[t]) for t in tags]
 
 
 # ------------------------------------------------------------------------------ rows
+
 
 @dataclass(frozen=True)
 class TimingRow:
@@ -334,8 +339,7 @@ def collector_rows(values: Mapping[str, float], algo: str) -> List[TimingRow]:
                 pct = 100.0 * ms / cycle_ms if cycle_ms > 0 else None
                 rows.append(TimingRow(COLLECTOR_LABELS[tag], ms, pct))
             add_children(tag, cycle_ms, with_share=True)
-        rows.append(TimingRow(CYCLE_LABEL, cycle_ms, 100.0 if cycle_ms > 0 else None,
-                              style="bold"))
+        rows.append(TimingRow(CYCLE_LABEL, cycle_ms, 100.0 if cycle_ms > 0 else None, style="bold"))
     else:
         for tag in S.tags_for(algo, kinds=("collector",)):
             if tag in values and tag != S.PERF_COLLECTION_TIME:
@@ -343,13 +347,18 @@ def collector_rows(values: Mapping[str, float], algo: str) -> List[TimingRow]:
                 rows.append(TimingRow(COLLECTOR_LABELS[tag], ms))
                 add_children(tag, ms, with_share=False)
     if S.PERF_COLLECTION_TIME in values:
-        rows.append(TimingRow(COLLECTOR_LABELS[S.PERF_COLLECTION_TIME],
-                              _ms(S.PERF_COLLECTION_TIME, values[S.PERF_COLLECTION_TIME])))
+        rows.append(
+            TimingRow(
+                COLLECTOR_LABELS[S.PERF_COLLECTION_TIME],
+                _ms(S.PERF_COLLECTION_TIME, values[S.PERF_COLLECTION_TIME]),
+            )
+        )
     return rows
 
 
-def system_rows(values: Mapping[str, float], system: SystemInfo,
-                sig: int = 4) -> List[Tuple[str, str]]:
+def system_rows(
+    values: Mapping[str, float], system: SystemInfo, sig: int = 4
+) -> List[Tuple[str, str]]:
     learners = str(system.learners) if system.learners > 0 else "1 (local)"
     rows = [
         ("Envs", f"{system.envs:,}"),
@@ -393,12 +402,16 @@ def metric_rows(values: Mapping[str, float]) -> List[Tuple[str, Optional[float]]
 
 def reward_rows(values: Mapping[str, float]) -> List[Tuple[str, float]]:
     """Every reward/<term> (label: the term) with its mean, by term name."""
-    tags = sorted(t for t in values
-                  if t.startswith(_REWARD_PREFIX) and S.lookup(t) is S.FAMILIES[_REWARD_PREFIX])
-    return [(t[len(_REWARD_PREFIX):], values[t]) for t in tags]
+    tags = sorted(
+        t
+        for t in values
+        if t.startswith(_REWARD_PREFIX) and S.lookup(t) is S.FAMILIES[_REWARD_PREFIX]
+    )
+    return [(t[len(_REWARD_PREFIX) :], values[t]) for t in tags]
 
 
 # ------------------------------------------------------------------------------ the panel
+
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -441,8 +454,15 @@ class TerminalPanel:
     def window_s(self) -> float:
         return self._window.window_s
 
-    def add_sample(self, metrics: Mapping[str, float], t: float, *, iteration: Optional[int] = None,
-                   env_steps: Optional[int] = None, time_total_s: Optional[float] = None) -> None:
+    def add_sample(
+        self,
+        metrics: Mapping[str, float],
+        t: float,
+        *,
+        iteration: Optional[int] = None,
+        env_steps: Optional[int] = None,
+        time_total_s: Optional[float] = None,
+    ) -> None:
         """One canonical metric dict (tag -> float) that arrived at clock time ``t``."""
         with self._lock:
             self._window.add(metrics, t)
@@ -456,8 +476,11 @@ class TerminalPanel:
                 self._time_total_s += t - self._last_t
             self._last_t = t
             reward = metrics.get(S.TRAIN_MEAN_REWARD)
-            if reward is not None and math.isfinite(reward) and (
-                    self.best_reward is None or reward > self.best_reward):
+            if (
+                reward is not None
+                and math.isfinite(reward)
+                and (self.best_reward is None or reward > self.best_reward)
+            ):
                 self.best_reward = reward
             evals = {k: v for k, v in metrics.items() if k in EVAL_TAGS}
             if evals:
@@ -495,8 +518,9 @@ def _header(system: SystemInfo, snap: Snapshot, width: int, window_s: float, sig
         Text.assemble(("Steps ", "dim"), f"{snap.env_steps:,}"),
         Text.assemble(("Elapsed ", "dim"), fmt_duration(snap.elapsed_s)),
         Text.assemble(("Steps/s ", "dim"), (fmt_number(values.get(S.PERF_TOTAL_FPS), sig), "bold")),
-        Text.assemble(("Rows/s ", "dim"),
-                      (fmt_number(values.get(S.PERF_LEARNER_ROWS_PER_S), sig), "bold")),
+        Text.assemble(
+            ("Rows/s ", "dim"), (fmt_number(values.get(S.PERF_LEARNER_ROWS_PER_S), sig), "bold")
+        ),
         Text(_window_label(snap, window_s), style="cyan"),
     ]
     gap = "   "
@@ -538,11 +562,15 @@ def _timing_cells(row: TimingRow, sig: int, pct_digits: int) -> Tuple[Text, str,
     return label, ms, pct
 
 
-def _timing_table(title: str, rows: Sequence[TimingRow], with_pct: bool, sig: int,
-                  pct_digits: int) -> Table:
+def _timing_table(
+    title: str, rows: Sequence[TimingRow], with_pct: bool, sig: int, pct_digits: int
+) -> Table:
     table = Table(box=None, padding=(0, 1), pad_edge=False, header_style="bold")
-    table.add_column(title, no_wrap=True,
-                     min_width=max([len(title)] + [len(r.label) + 2 * r.indent for r in rows]))
+    table.add_column(
+        title,
+        no_wrap=True,
+        min_width=max([len(title)] + [len(r.label) + 2 * r.indent for r in rows]),
+    )
     table.add_column("ms", justify="right", no_wrap=True)
     if with_pct:
         table.add_column("%", justify="right", no_wrap=True)
@@ -552,8 +580,9 @@ def _timing_table(title: str, rows: Sequence[TimingRow], with_pct: bool, sig: in
     return table
 
 
-def _single_timing_table(learner: Sequence[TimingRow], collector: Sequence[TimingRow],
-                         sig: int, pct_digits: int) -> Table:
+def _single_timing_table(
+    learner: Sequence[TimingRow], collector: Sequence[TimingRow], sig: int, pct_digits: int
+) -> Table:
     """Narrow tier: learner and collector rows in one column, short section headers."""
     rows = list(learner) + list(collector)
     table = Table(box=None, padding=(0, 1), pad_edge=False, show_header=False)
@@ -562,8 +591,11 @@ def _single_timing_table(learner: Sequence[TimingRow], collector: Sequence[Timin
     table.add_column(justify="right", no_wrap=True)
     for title, section in (("Learner", learner), ("Collector", collector)):
         with_pct = any(r.pct is not None for r in section)
-        table.add_row(Text(title, style="bold"), Text("ms", style="bold"),
-                      Text("%" if with_pct else "", style="bold"))
+        table.add_row(
+            Text(title, style="bold"),
+            Text("ms", style="bold"),
+            Text("%" if with_pct else "", style="bold"),
+        )
         for row in section or [TimingRow("-", None)]:
             table.add_row(*_timing_cells(row, sig, pct_digits), style=row.style)
     return table
@@ -577,8 +609,9 @@ def _side_by_side(*items: RenderableType) -> Table:
     return grid
 
 
-def render_panel(system: SystemInfo, snap: Snapshot, width: int,
-                 window_s: float = WINDOW_S) -> Panel:
+def render_panel(
+    system: SystemInfo, snap: Snapshot, width: int, window_s: float = WINDOW_S
+) -> Panel:
     """The whole panel for one snapshot at a terminal ``width``."""
     tier = tier_of(width)
     inner = max(width - 4, 20)  # border and padding
@@ -596,15 +629,21 @@ def render_panel(system: SystemInfo, snap: Snapshot, width: int,
     header = _header(system, snap, inner, window_s, sig)
     if tier == "narrow":
         body: List[RenderableType] = [
-            header, "",
-            _kv_table("Metrics", metrics, inner), "",
-            _kv_table("Rewards", rewards, inner), "",
-            _single_timing_table(learner, collector, sig, pct_digits), "",
+            header,
+            "",
+            _kv_table("Metrics", metrics, inner),
+            "",
+            _kv_table("Rewards", rewards, inner),
+            "",
+            _single_timing_table(learner, collector, sig, pct_digits),
+            "",
             _kv_table("System", system_kv, inner),
         ]
     else:
         half = (inner - 3) // 2
-        top = _side_by_side(_kv_table("Metrics", metrics, half), _kv_table("Rewards", rewards, half))
+        top = _side_by_side(
+            _kv_table("Metrics", metrics, half), _kv_table("Rewards", rewards, half)
+        )
         if tier == "compact":
             timing = _side_by_side(
                 _timing_table("Learner", learner, True, sig, pct_digits),
@@ -619,11 +658,13 @@ def render_panel(system: SystemInfo, snap: Snapshot, width: int,
             )
             body = [header, "", top, "", timing]
     title = Text.assemble(("raylab", "bold"), f" · GPUs {system.gpus:g}")
-    return Panel(Group(*body), title=title, title_align="left", box=box.ROUNDED, width=width,
-                 padding=(0, 1))
+    return Panel(
+        Group(*body), title=title, title_align="left", box=box.ROUNDED, width=width, padding=(0, 1)
+    )
 
 
 # ------------------------------------------------------------------------------ plain line
+
 
 def progress_line(snap: Snapshot) -> str:
     """One compact progress line (no live redraw): iteration, env steps, Steps/s, mean reward,
@@ -654,12 +695,17 @@ def summary_line(panel: TerminalPanel, now: float) -> str:
         f"raylab: {snap.iteration:,} iterations, {snap.env_steps:,} env steps in "
         f"{fmt_duration(snap.elapsed_s)} ({fmt_number(rate)} steps/s overall); "
         f"mean reward {fmt_number(reward)} (best {fmt_number(best)})"
-        + (f"; eval {fmt_number(panel.last_eval.get(S.EVAL_MEAN_REWARD))} "
-           f"(best {fmt_number(panel.best_eval)})" if panel.best_eval is not None else "")
+        + (
+            f"; eval {fmt_number(panel.last_eval.get(S.EVAL_MEAN_REWARD))} "
+            f"(best {fmt_number(panel.best_eval)})"
+            if panel.best_eval is not None
+            else ""
+        )
     )
 
 
 # ------------------------------------------------------------------------------ the reporter
+
 
 def resolve_mode(mode: str, console: Console) -> str:
     """auto -> live on a terminal, plain otherwise; other modes as given."""
@@ -682,9 +728,17 @@ class TerminalReporter:
     in a resumed experiment, prints plain lines, which need no close().
     """
 
-    def __init__(self, system: SystemInfo, mode: str = "auto", *, console: Optional[Console] = None,
-                 clock: Callable[[], float] = time.monotonic, window_s: float = WINDOW_S,
-                 refresh_hz: float = REFRESH_HZ, plain_every_s: float = PLAIN_EVERY_S):
+    def __init__(
+        self,
+        system: SystemInfo,
+        mode: str = "auto",
+        *,
+        console: Optional[Console] = None,
+        clock: Callable[[], float] = time.monotonic,
+        window_s: float = WINDOW_S,
+        refresh_hz: float = REFRESH_HZ,
+        plain_every_s: float = PLAIN_EVERY_S,
+    ):
         self.console = console if console is not None else Console()
         self.mode = resolve_mode(mode, self.console)
         self.clock = clock
@@ -711,7 +765,8 @@ class TerminalReporter:
 
         now = self.clock()
         self.panel.add_sample(
-            metrics, now,
+            metrics,
+            now,
             iteration=result.get("training_iteration"),
             env_steps=env_steps(dict(result)),
             time_total_s=result.get("time_total_s"),
@@ -732,9 +787,14 @@ class TerminalReporter:
             return Text(f"raylab panel error: {type(e).__name__}: {e}", style="red")
 
     def _start_live(self) -> None:
-        self._live = Live(get_renderable=self._frame, console=self.console,
-                          refresh_per_second=self.refresh_hz, transient=False,
-                          redirect_stdout=True, redirect_stderr=True)
+        self._live = Live(
+            get_renderable=self._frame,
+            console=self.console,
+            refresh_per_second=self.refresh_hz,
+            transient=False,
+            redirect_stdout=True,
+            redirect_stderr=True,
+        )
         self._live.start(refresh=True)
 
     def _print(self, line: str) -> None:
@@ -752,9 +812,14 @@ class TerminalReporter:
             self._print(summary_line(self.panel, self.clock()))
 
 
-def make_reporter(config: Mapping, num_gpus_per_learner: float = 0.0, *,
-                  mode: Optional[str] = None, console: Optional[Console] = None,
-                  clock: Callable[[], float] = time.monotonic) -> TerminalReporter:
+def make_reporter(
+    config: Mapping,
+    num_gpus_per_learner: float = 0.0,
+    *,
+    mode: Optional[str] = None,
+    console: Optional[Console] = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> TerminalReporter:
     """The reporter for a composed config dict; ``mode`` defaults to ``training.terminal``."""
     system = SystemInfo.from_config(config, num_gpus_per_learner)
     if mode is None:
@@ -763,6 +828,7 @@ def make_reporter(config: Mapping, num_gpus_per_learner: float = 0.0, *,
 
 
 # ------------------------------------------------------------------------------ example frames
+
 
 def example_samples(algo: str) -> List[Dict[str, float]]:
     """Two plausible iterations of one algorithm on Microduck balance (docs and tests)."""
@@ -800,38 +866,48 @@ def example_samples(algo: str) -> List[Dict[str, float]]:
         S.reward_tag("torques"): -0.00061,
     }
     if algo == "appo":
-        base.update({
-            S.PERF_LEARNER_REPLAY_STAGE_MS: 12.2,
-            S.PERF_LEARNER_REPLAY_SAMPLE_MS: 4.1,
-            S.PERF_LEARNER_WEIGHT_PUBLISH_MS: 9.6,
-            S.PERF_LEARNER_INGEST_MS: 22.7,
-            S.PERF_POLICY_STALENESS: 1.5,
-            S.policy_tag("importance_ratio"): 0.998,
-            S.policy_tag("vf_explained_var"): 0.912,
-        })
+        base.update(
+            {
+                S.PERF_LEARNER_REPLAY_STAGE_MS: 12.2,
+                S.PERF_LEARNER_REPLAY_SAMPLE_MS: 4.1,
+                S.PERF_LEARNER_WEIGHT_PUBLISH_MS: 9.6,
+                S.PERF_LEARNER_INGEST_MS: 22.7,
+                S.PERF_POLICY_STALENESS: 1.5,
+                S.policy_tag("importance_ratio"): 0.998,
+                S.policy_tag("vf_explained_var"): 0.912,
+            }
+        )
     elif algo == "ppo":
-        base.update({
-            S.loss_tag("kl"): 0.0042,
-            S.policy_tag("kl_coeff"): 0.2,
-            S.policy_tag("vf_explained_var"): 0.912,
-        })
+        base.update(
+            {
+                S.loss_tag("kl"): 0.0042,
+                S.policy_tag("kl_coeff"): 0.2,
+                S.policy_tag("vf_explained_var"): 0.912,
+            }
+        )
     elif algo == "sac":
-        for tag in (S.loss_tag("total"), S.loss_tag("policy"), S.loss_tag("value"),
-                    S.policy_tag("entropy")):
+        for tag in (
+            S.loss_tag("total"),
+            S.loss_tag("policy"),
+            S.loss_tag("value"),
+            S.policy_tag("entropy"),
+        ):
             base.pop(tag)
-        base.update({
-            S.loss_tag("critic"): 1.273,
-            S.loss_tag("actor"): -38.61,
-            S.loss_tag("alpha"): -0.0312,
-            S.policy_tag("alpha"): 0.0418,
-            S.policy_tag("q_mean"): 40.21,
-            S.PERF_LEARNER_REPLAY_BATCH_WAIT_MS: 0.8,
-            S.PERF_LEARNER_REPLAY_SAMPLE_MS: 6.3,
-            S.PERF_REPLAY_BUFFER_SIZE: 1_000_000.0,
-            S.PERF_POLICY_STALENESS: 1.0,
-            S.PERF_COLLECTOR_REPLAY_WRITE_MS: 0.27,
-            S.PERF_COLLECTOR_METRICS_PUBLISH_MS: 0.004,
-        })
+        base.update(
+            {
+                S.loss_tag("critic"): 1.273,
+                S.loss_tag("actor"): -38.61,
+                S.loss_tag("alpha"): -0.0312,
+                S.policy_tag("alpha"): 0.0418,
+                S.policy_tag("q_mean"): 40.21,
+                S.PERF_LEARNER_REPLAY_BATCH_WAIT_MS: 0.8,
+                S.PERF_LEARNER_REPLAY_SAMPLE_MS: 6.3,
+                S.PERF_REPLAY_BUFFER_SIZE: 1_000_000.0,
+                S.PERF_POLICY_STALENESS: 1.0,
+                S.PERF_COLLECTOR_REPLAY_WRITE_MS: 0.27,
+                S.PERF_COLLECTOR_METRICS_PUBLISH_MS: 0.004,
+            }
+        )
     second = {k: v * 1.02 for k, v in base.items()}  # every time and value 2% up
     if S.PERF_REPLAY_BUFFER_SIZE in base:
         second[S.PERF_REPLAY_BUFFER_SIZE] = base[S.PERF_REPLAY_BUFFER_SIZE]
@@ -840,13 +916,24 @@ def example_samples(algo: str) -> List[Dict[str, float]]:
 
 def example_panel(algo: str = "appo") -> Tuple[TerminalPanel, float]:
     """A panel fed :func:`example_samples` half a second apart, and the time to render it."""
-    system = SystemInfo(algo=algo, task="microduck_balance", runners=4, envs_per_runner=64,
-                        learners=1, gpus_per_learner=0.0)
+    system = SystemInfo(
+        algo=algo,
+        task="microduck_balance",
+        runners=4,
+        envs_per_runner=64,
+        learners=1,
+        gpus_per_learner=0.0,
+    )
     panel = TerminalPanel(system)
     t = 100.0
     for i, metrics in enumerate(example_samples(algo)):
-        panel.add_sample(metrics, t + 0.5 * i, iteration=241 + i, env_steps=11_520_000 + 61_440 * i,
-                         time_total_s=247.3 + 0.5 * i)
+        panel.add_sample(
+            metrics,
+            t + 0.5 * i,
+            iteration=241 + i,
+            env_steps=11_520_000 + 61_440 * i,
+            time_total_s=247.3 + 0.5 * i,
+        )
     return panel, t + 0.9
 
 
@@ -854,7 +941,8 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m raylab.terminal", description="print an example frame of the panel")
+        prog="python -m raylab.terminal", description="print an example frame of the panel"
+    )
     parser.add_argument("--algo", choices=S.ALGORITHMS, default="appo")
     parser.add_argument("--width", type=int, default=None, help="columns (default: terminal)")
     args = parser.parse_args(argv)

@@ -118,11 +118,17 @@ def init_ray(cfg: DictConfig) -> dict:
         _check_reachable(address)
         try:
             ray.init(
-                address=address, runtime_env=runtime_env, log_to_driver=True,
+                address=address,
+                runtime_env=runtime_env,
+                log_to_driver=True,
                 logging_level="ERROR",
             )
-        except (ConnectionError, TimeoutError, RuntimeError,
-                ray.exceptions.AuthenticationError) as e:  # RuntimeError: "Failed to connect"
+        except (
+            ConnectionError,
+            TimeoutError,
+            RuntimeError,
+            ray.exceptions.AuthenticationError,
+        ) as e:  # RuntimeError: "Failed to connect"
             raise _join_error(address, e) from None
         if job_env is not None and not (cfg.training.log_dir or cfg.training.log_root):
             _say(
@@ -180,7 +186,9 @@ def run_training(cfg: DictConfig, run_dir: Path, resume: bool = False):
 
     if resume:
         tuner = tune.Tuner.restore(
-            str(run_dir / TUNE_DIR), trainable=trainable, resume_unfinished=True,
+            str(run_dir / TUNE_DIR),
+            trainable=trainable,
+            resume_unfinished=True,
             resume_errored=True,
         )
     else:
@@ -237,7 +245,8 @@ def train(algo: str, task: str, sim: str, overrides, resume: Optional[str] = Non
         threads = f" on {n} physics thread(s){auto}"
     _say(
         f"{cfg.algo.name} on {cfg.task} ({cfg.sim}): {cfg.resources.num_env_runners} EnvRunner(s)"
-        f" x {cfg.env.num_envs} envs{threads}, {max(1, cfg.resources.num_learners)} Learner(s); budget "
+        f" x {cfg.env.num_envs} envs{threads}, {max(1, cfg.resources.num_learners)} Learner(s); "
+        "budget "
         f"{cfg.training.total_steps:,} env steps / "
         f"{cfg.training.time_budget_s if cfg.training.time_budget_s is not None else 'no'} s"
     )

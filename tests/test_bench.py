@@ -9,8 +9,8 @@ import math
 import os
 
 import pytest
-
 from conftest import run_cli
+
 from raylab.bench import common as C
 
 # --------------------------------------------------------------------------- guards
@@ -81,8 +81,16 @@ def test_phase_shares_come_from_the_canonical_main_phases():
     from raylab.metrics import schema as S
 
     m = [
-        {S.PERF_ITERATION_TIME: 0.10, S.PERF_LEARNING_TIME: 0.06, S.PERF_LEARNER_COLLECTOR_WAIT_MS: 20.0},
-        {S.PERF_ITERATION_TIME: 0.10, S.PERF_LEARNING_TIME: 0.04, S.PERF_LEARNER_COLLECTOR_WAIT_MS: 40.0},
+        {
+            S.PERF_ITERATION_TIME: 0.10,
+            S.PERF_LEARNING_TIME: 0.06,
+            S.PERF_LEARNER_COLLECTOR_WAIT_MS: 20.0,
+        },
+        {
+            S.PERF_ITERATION_TIME: 0.10,
+            S.PERF_LEARNING_TIME: 0.04,
+            S.PERF_LEARNER_COLLECTOR_WAIT_MS: 40.0,
+        },
     ]
     p = phase_shares(m, "appo")
     assert p["iteration_time_s"] == pytest.approx(0.10)
@@ -100,7 +108,9 @@ def test_stock_sac_does_the_same_updates_per_env_step():
     from raylab.bench.train import compose_cfg, stock_sac_config
 
     for envs, ratio in ((8, 1.0), (4, 0.5), (16, 2.0)):
-        cfg = compose_cfg("sac", "microduck_balance", [f"env.num_envs={envs}", f"algo.updates_per_step={ratio}"])
+        cfg = compose_cfg(
+            "sac", "microduck_balance", [f"env.num_envs={envs}", f"algo.updates_per_step={ratio}"]
+        )
         store, train = calculate_rr_weights(stock_sac_config(cfg))
         assert (store, train) == (1, int(envs * ratio)), (envs, ratio)
 
@@ -117,8 +127,11 @@ def test_machine_check_records_load_cores_and_warnings(monkeypatch):
     assert not any("load average" in w for w in quiet["warnings"])
 
     monkeypatch.setattr(C.os, "getloadavg", lambda: (3.0, 2.0, 1.0))
-    monkeypatch.setattr(C, "busy_processes",
-                        lambda interval=0.5: [{"pid": 1, "cpu": 0.9, "name": "python train.py"}])  # fmt: skip
+    monkeypatch.setattr(
+        C,
+        "busy_processes",
+        lambda interval=0.5: [{"pid": 1, "cpu": 0.9, "name": "python train.py"}],
+    )
     busy = C.machine_check(threads_needed=C.usable_cores() + 1)
     text = " | ".join(busy["warnings"])
     assert "load average (1 min) 3.00" in text
@@ -144,7 +157,9 @@ def test_busy_processes_leaves_out_this_process_and_its_children():
 
 
 def _minimal(kind="env_sweep"):
-    res = C.new_result(kind, "raylab bench env", {"x": 1}, {"loadavg": [0.0, 0.0, 0.0], "warnings": []})
+    res = C.new_result(
+        kind, "raylab bench env", {"x": 1}, {"loadavg": [0.0, 0.0, 0.0], "warnings": []}
+    )
     body, row_keys = C._BODY[kind]
     res[body] = [{k: 1.0 for k in row_keys}]
     return C.finish_result(res, "stable", C.guard([1.0, 1.0]))
@@ -191,7 +206,11 @@ def test_save_and_load_round_trip_with_nan_as_null(tmp_path):
 
 def test_parse_options_reads_json_values():
     assert C.parse_options(["a=0.9", "b=true", "c=v1", "d=[1, 2]"]) == {
-        "a": 0.9, "b": True, "c": "v1", "d": [1, 2]}  # fmt: skip
+        "a": 0.9,
+        "b": True,
+        "c": "v1",
+        "d": [1, 2],
+    }
     from raylab.errors import UserError
 
     with pytest.raises(UserError, match="KEY=VALUE"):
@@ -268,8 +287,21 @@ def _load(path):
 
 def test_env_sweep_smoke_with_bare_windows(tmp_path):
     out = tmp_path / "sweep.json"
-    r = run_cli("bench", "env", "--threads", "1", "2", "--num-envs", "4", "--with-bare",
-                "--ref-seconds", "0.2", "--out", str(out), *SHORT)  # fmt: skip
+    r = run_cli(
+        "bench",
+        "env",
+        "--threads",
+        "1",
+        "2",
+        "--num-envs",
+        "4",
+        "--with-bare",
+        "--ref-seconds",
+        "0.2",
+        "--out",
+        str(out),
+        *SHORT,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "raylab bench env --threads 1 2" in r.stdout  # the command that reproduces it
     res = _load(out)
@@ -284,7 +316,8 @@ def test_env_sweep_smoke_with_bare_windows(tmp_path):
     assert two["per_thread"] == pytest.approx(two["env_steps_per_s"] / 2, **close)
     assert two["drift_after"] == pytest.approx(res["refs"][2]["drift"], **close)
     assert two["env_over_bare"] == pytest.approx(
-        two["env_steps_per_s"] / two["bare"]["env_steps_per_s"], **close)
+        two["env_steps_per_s"] / two["bare"]["env_steps_per_s"], **close
+    )
     assert "loadavg" in res["machine_check"] and res["machine"]["usable_cores"] >= 1
 
     png = tmp_path / "sweep.png"
@@ -295,14 +328,36 @@ def test_env_sweep_smoke_with_bare_windows(tmp_path):
 
 def test_env_bare_sweep_and_sustained_smoke(tmp_path):
     bare = tmp_path / "bare.json"
-    r = run_cli("bench", "env", "--mode", "bare", "--threads", "1", "--num-envs", "4",
-                "--out", str(bare), *SHORT)  # fmt: skip
+    r = run_cli(
+        "bench",
+        "env",
+        "--mode",
+        "bare",
+        "--threads",
+        "1",
+        "--num-envs",
+        "4",
+        "--out",
+        str(bare),
+        *SHORT,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert _load(bare)["params"]["mode"] == "bare"
 
     sus = tmp_path / "sustained.json"
-    r = run_cli("bench", "env", "--sustained", "1", "--windows", "3", "--num-envs", "4",
-                "--out", str(sus), *SHORT)  # fmt: skip
+    r = run_cli(
+        "bench",
+        "env",
+        "--sustained",
+        "1",
+        "--windows",
+        "3",
+        "--num-envs",
+        "4",
+        "--out",
+        str(sus),
+        *SHORT,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     res = _load(sus)
     assert res["kind"] == "env_sustained"
@@ -314,8 +369,20 @@ def test_env_bare_sweep_and_sustained_smoke(tmp_path):
 
 def test_compare_smoke_alternates_backends(tmp_path):
     out = tmp_path / "compare.json"
-    r = run_cli("bench", "compare", "--workers", "1", "2", "--envs-per-worker", "2",
-                "--rounds", "2", "--out", str(out), *SHORT)  # fmt: skip
+    r = run_cli(
+        "bench",
+        "compare",
+        "--workers",
+        "1",
+        "2",
+        "--envs-per-worker",
+        "2",
+        "--rounds",
+        "2",
+        "--out",
+        str(out),
+        *SHORT,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     res = _load(out)
     rows = {(x["workers"], x["backend"]): x for x in res["rows"]}
@@ -338,9 +405,24 @@ def test_train_smoke(tmp_path, algo):
         "appo": ["algo.train_batch_size=128"],
         "sac": ["algo.learning_starts=64", "algo.batch_size=32", "--torch-limit-seconds", "1"],
     }[algo]
-    r = run_cli("bench", "train", "--algo", algo, "--seconds", "2", "--warmup", "1",
-                "--ref-seconds", "0.2", "--out", str(out), "env.num_envs=4", "algo.hidden=[32,32]",
-                *extra, timeout=900)  # fmt: skip
+    r = run_cli(
+        "bench",
+        "train",
+        "--algo",
+        algo,
+        "--seconds",
+        "2",
+        "--warmup",
+        "1",
+        "--ref-seconds",
+        "0.2",
+        "--out",
+        str(out),
+        "env.num_envs=4",
+        "algo.hidden=[32,32]",
+        *extra,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = _load(out)
     names = [x["contender"] for x in res["runs"]]
@@ -362,8 +444,22 @@ def test_train_smoke(tmp_path, algo):
 
 def test_sampler_smoke_alternates_the_three_contenders(tmp_path):
     out = tmp_path / "sampler.json"
-    r = run_cli("bench", "train", "--algo", "appo", "--sampler", "--seconds", "0.3", "--rounds", "2",
-                "--out", str(out), "env.num_envs=4", "algo.hidden=[32,32]", timeout=300)  # fmt: skip
+    r = run_cli(
+        "bench",
+        "train",
+        "--algo",
+        "appo",
+        "--sampler",
+        "--seconds",
+        "0.3",
+        "--rounds",
+        "2",
+        "--out",
+        str(out),
+        "env.num_envs=4",
+        "algo.hidden=[32,32]",
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = _load(out)
     assert res["kind"] == "sampler" and res["command"].startswith("raylab bench train")
@@ -381,10 +477,30 @@ def test_sampler_smoke_alternates_the_three_contenders(tmp_path):
 @pytest.mark.slow
 def test_train_vary_runs_each_value_of_one_key_alternating(tmp_path):
     out = tmp_path / "train_vary.json"
-    r = run_cli("bench", "train", "--algo", "appo", "--sides", "batched", "--seconds", "3",
-                "--warmup", "1", "--rounds", "2", "--ref-seconds", "0.2",
-                "--vary", "training.iteration_s=0.1,1.5", "--out", str(out), "env.num_envs=4",
-                "algo.hidden=[32,32]", "algo.train_batch_size=128", timeout=900)  # fmt: skip
+    r = run_cli(
+        "bench",
+        "train",
+        "--algo",
+        "appo",
+        "--sides",
+        "batched",
+        "--seconds",
+        "3",
+        "--warmup",
+        "1",
+        "--rounds",
+        "2",
+        "--ref-seconds",
+        "0.2",
+        "--vary",
+        "training.iteration_s=0.1,1.5",
+        "--out",
+        str(out),
+        "env.num_envs=4",
+        "algo.hidden=[32,32]",
+        "algo.train_batch_size=128",
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = _load(out)
     a, b = "batched@training.iteration_s=0.1", "batched@training.iteration_s=1.5"
@@ -398,12 +514,17 @@ def test_train_vary_runs_each_value_of_one_key_alternating(tmp_path):
     assert "--vary training.iteration_s=0.1,1.5" in res["command"]
 
 
-@pytest.mark.parametrize("bad", ["training.iteration_s=1", "training.iteration_s", "=1,2",
-                                 "training.iteration_s=1,1"])
+@pytest.mark.parametrize(
+    "bad", ["training.iteration_s=1", "training.iteration_s", "=1,2", "training.iteration_s=1,1"]
+)
 def test_train_vary_bad_values_are_one_line(bad):
     r = run_cli("bench", "train", "--vary", bad)
     assert r.returncode != 0
-    assert "Traceback" not in r.stderr and "--vary" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert (
+        "Traceback" not in r.stderr
+        and "--vary" in r.stderr
+        and len(r.stderr.strip().splitlines()) == 1
+    )
 
 
 def test_train_vary_bad_value_for_the_key_is_refused_before_anything_runs():
@@ -416,9 +537,21 @@ def test_stock_sac_has_the_hyperparameters_of_raylab_sac():
     from raylab.algorithms.build import build_algorithm_config
     from raylab.bench.train import compose_cfg, stock_sac_config
 
-    cfg = compose_cfg("sac", "Pendulum-v1", ["algo.actor_lr=7e-4", "algo.tau=0.01", "algo.batch_size=128"])
+    cfg = compose_cfg(
+        "sac", "Pendulum-v1", ["algo.actor_lr=7e-4", "algo.tau=0.01", "algo.batch_size=128"]
+    )
     ours, stock = build_algorithm_config(cfg), stock_sac_config(cfg)
-    for name in ("gamma", "actor_lr", "critic_lr", "alpha_lr", "tau", "initial_alpha", "n_step",
-                 "grad_clip", "train_batch_size_per_learner", "num_steps_sampled_before_learning_starts"):
+    for name in (
+        "gamma",
+        "actor_lr",
+        "critic_lr",
+        "alpha_lr",
+        "tau",
+        "initial_alpha",
+        "n_step",
+        "grad_clip",
+        "train_batch_size_per_learner",
+        "num_steps_sampled_before_learning_starts",
+    ):
         assert getattr(ours, name) == getattr(stock, name), name
     assert (stock.actor_lr, stock.tau, stock.train_batch_size_per_learner) == (7e-4, 0.01, 128)

@@ -37,9 +37,18 @@ def test_each_subcommand_has_help_with_defaults(sub, capsys):
 
 def test_print_config_is_the_composed_config(cli):
     r = cli(
-        "train", "--algo", "appo", "--task", "microduck_balance", "--sim", "mujoco",
-        "training.logger=wandb", "training.wandb_project=raylab", "algo.lr=3e-4",
-        "env.num_envs=64", "--print-config",
+        "train",
+        "--algo",
+        "appo",
+        "--task",
+        "microduck_balance",
+        "--sim",
+        "mujoco",
+        "training.logger=wandb",
+        "training.wandb_project=raylab",
+        "algo.lr=3e-4",
+        "env.num_envs=64",
+        "--print-config",
     )
     assert r.returncode == 0, r.stderr
     cfg = yaml.safe_load(r.stdout)
@@ -80,8 +89,11 @@ def test_override_types_are_converted():
     cfg = compose(
         "sac",
         overrides=[
-            "algo.hidden=[64,64,32]", "training.time_budget_s=null", "training.seed=7",
-            "training.wandb_tags=[a,b]", "resources.num_gpus_per_learner=0",
+            "algo.hidden=[64,64,32]",
+            "training.time_budget_s=null",
+            "training.seed=7",
+            "training.wandb_tags=[a,b]",
+            "resources.num_gpus_per_learner=0",
         ],
     )
     assert list(cfg.algo.hidden) == [64, 64, 32]
@@ -93,7 +105,9 @@ def test_override_types_are_converted():
 
 def test_config_is_read_only():
     cfg = compose()
-    with pytest.raises(Exception):
+    from omegaconf.errors import ReadonlyConfigError
+
+    with pytest.raises(ReadonlyConfigError):
         cfg.algo.lr = 1.0
     assert OmegaConf.is_readonly(cfg)
 

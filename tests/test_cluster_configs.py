@@ -83,8 +83,12 @@ def test_launcher_puts_gpus_and_learners_on_the_gpu_type_only():
 
 def test_launcher_keeps_token_auth_on_and_carries_the_token():
     config = yaml.safe_load(LAUNCHER.read_text())
-    starts = [c for key in ("head_start_ray_commands", "worker_start_ray_commands")
-              for c in config[key] if "ray start" in c]
+    starts = [
+        c
+        for key in ("head_start_ray_commands", "worker_start_ray_commands")
+        for c in config[key]
+        if "ray start" in c
+    ]
     assert len(starts) == 2
     assert all(re.search(r"RAY_AUTH_MODE=token (\w+=\S+ )*ray start", c) for c in starts)
     assert "RAY_AUTH_MODE=disabled" not in LAUNCHER.read_text()
@@ -121,7 +125,8 @@ def _gpus(group: dict) -> float:
         res = c.get("resources", {})
         total += float(res.get("limits", {}).get(GPU_KEY, 0))
         assert float(res.get("requests", {}).get(GPU_KEY, 0)) == float(
-            res.get("limits", {}).get(GPU_KEY, 0))
+            res.get("limits", {}).get(GPU_KEY, 0)
+        )
     return total
 
 
@@ -134,11 +139,13 @@ def test_kuberay_manifest_splits_learners_onto_gpu_pods(path, kind):
     groups = _groups(spec)
     head = groups.pop("head")
     assert _gpus(head) == 0 and not _custom_resources(head["rayStartParams"])
-    learner_groups = {n for n, g in groups.items()
-                      if _custom_resources(g["rayStartParams"]).get(LEARNER_RES)}
+    learner_groups = {
+        n for n, g in groups.items() if _custom_resources(g["rayStartParams"]).get(LEARNER_RES)
+    }
     gpu_groups = {n for n, g in groups.items() if _gpus(g) > 0}
-    runner_groups = {n for n, g in groups.items()
-                     if _custom_resources(g["rayStartParams"]).get(RUNNER_RES)}
+    runner_groups = {
+        n for n, g in groups.items() if _custom_resources(g["rayStartParams"]).get(RUNNER_RES)
+    }
     assert gpu_groups and gpu_groups == learner_groups
     assert runner_groups and not runner_groups & gpu_groups
     for name in gpu_groups:
@@ -168,8 +175,7 @@ def test_raycluster_volume_claim_is_shared_by_all_pods():
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
     spec = _kind(RAYCLUSTER, "RayCluster")["spec"]
     for g in _groups(spec).values():
-        claims = [v["persistentVolumeClaim"]["claimName"]
-                  for v in g["template"]["spec"]["volumes"]]
+        claims = [v["persistentVolumeClaim"]["claimName"] for v in g["template"]["spec"]["volumes"]]
         assert claims == [pvc["metadata"]["name"]]
 
 
@@ -201,9 +207,15 @@ def test_runtime_env_package_is_small_and_holds_raylab(tmp_path):
     size = package.stat().st_size
     assert size < 50 * 2**20 and size < GCS_STORAGE_MAX_SIZE
     names = set(zipfile.ZipFile(package).namelist())
-    for needed in ("pyproject.toml", "raylab/train.py", "raylab/cli.py", "envs/__init__.py",
-                   "algorithms/build.py", "envs/assets/microduck.xml",
-                   "tune_configs/appo_microduck_balance.yaml"):
+    for needed in (
+        "pyproject.toml",
+        "raylab/train.py",
+        "raylab/cli.py",
+        "envs/__init__.py",
+        "algorithms/build.py",
+        "envs/assets/microduck.xml",
+        "tune_configs/appo_microduck_balance.yaml",
+    ):
         assert needed in names, needed
     for banned in (".venv/", ".git/", "logs/", "runs/", "build/"):
         assert not any(n.startswith(banned) for n in names), banned
@@ -234,7 +246,7 @@ def _raylab_argv(line: str) -> List[str]:
     tokens = shlex.split(line, comments=True)
     for i, tok in enumerate(tokens[:-1]):
         if tok == "raylab" and tokens[i + 1] in ("train", "tune"):
-            return tokens[i + 1:]
+            return tokens[i + 1 :]
     return []
 
 
@@ -242,13 +254,15 @@ def documented_commands() -> Dict[str, List[List[str]]]:
     """argv (after `raylab`) of every raylab command in README, the RayJob and the launcher."""
     out = {"README.md": [], "rayjob.yaml": [], "raylab-cluster.yaml": []}
     for line in _code_lines(README.read_text()):
-        if (argv := _raylab_argv(line)):
+        if argv := _raylab_argv(line):
             assert line.startswith("ray job submit "), f"not submitted as a Ray job: {line}"
             out["README.md"].append(argv)
     out["rayjob.yaml"].append(_raylab_argv(_kind(RAYJOB, "RayJob")["spec"]["entrypoint"]))
     header = " ".join(
-        line.lstrip("# ").rstrip("\\") for line in LAUNCHER.read_text().splitlines()
-        if line.startswith("#"))
+        line.lstrip("# ").rstrip("\\")
+        for line in LAUNCHER.read_text().splitlines()
+        if line.startswith("#")
+    )
     match = re.search(r"raylab train .*?raylab_learner=1", header)
     out["raylab-cluster.yaml"].append(shlex.split(match.group(0))[1:])
     return out
@@ -283,10 +297,16 @@ def test_cluster_commands_steer_placement_with_advertised_resources():
     launcher = yaml.safe_load(LAUNCHER.read_text())["available_node_types"]
     advertised = {
         "launcher": {k for t in launcher.values() for k in t["resources"]},
-        "raycluster": {k for g in _groups(_kind(RAYCLUSTER, "RayCluster")["spec"]).values()
-                       for k in _custom_resources(g["rayStartParams"])},
-        "rayjob": {k for g in _groups(_kind(RAYJOB, "RayJob")["spec"]["rayClusterSpec"]).values()
-                   for k in _custom_resources(g["rayStartParams"])},
+        "raycluster": {
+            k
+            for g in _groups(_kind(RAYCLUSTER, "RayCluster")["spec"]).values()
+            for k in _custom_resources(g["rayStartParams"])
+        },
+        "rayjob": {
+            k
+            for g in _groups(_kind(RAYJOB, "RayJob")["spec"]["rayClusterSpec"]).values()
+            for k in _custom_resources(g["rayStartParams"])
+        },
     }
     steered = 0
     for argvs in documented_commands().values():
@@ -296,7 +316,8 @@ def test_cluster_commands_steer_placement_with_advertised_resources():
                 continue
             res = cfg.resources
             wanted = set(res.custom_resources_per_env_runner) | set(
-                res.custom_resources_per_learner)
+                res.custom_resources_per_learner
+            )
             for where, names in advertised.items():
                 assert wanted <= names, (where, wanted - names)
             if cfg.training.log_root.startswith("/mnt/raylab"):

@@ -88,7 +88,11 @@ class LocalHead:
     # ------------------------------------------------------------------ life cycle
     def start(self, timeout: float = 120.0) -> "LocalHead":
         cmd = [
-            RAY, "start", "--head", "--block", "--disable-usage-stats",
+            RAY,
+            "start",
+            "--head",
+            "--block",
+            "--disable-usage-stats",
             "--node-ip-address=127.0.0.1",
             f"--port={self.port}",
             "--dashboard-host=127.0.0.1",
@@ -97,7 +101,8 @@ class LocalHead:
             f"--dashboard-agent-grpc-port={free_port()}",
             f"--metrics-export-port={free_port()}",
             f"--ray-client-server-port={free_port()}",
-            "--min-worker-port=0", "--max-worker-port=0",
+            "--min-worker-port=0",
+            "--max-worker-port=0",
             f"--temp-dir={self.temp_dir}",
             f"--num-cpus={self.num_cpus}",
             "--num-gpus=0",
@@ -203,8 +208,10 @@ class LocalHead:
 
     # ------------------------------------------------------------------ HTTP and jobs
     def get(self, path: str, token: Optional[str] = "own") -> dict:
-        headers = self.headers if token == "own" else (
-            {"Authorization": f"Bearer {token}"} if token else {}
+        headers = (
+            self.headers
+            if token == "own"
+            else ({"Authorization": f"Bearer {token}"} if token else {})
         )
         req = urllib.request.Request(self.url + path, headers=headers)
         with urllib.request.urlopen(req, timeout=10) as r:
@@ -280,14 +287,20 @@ def test_head_keeps_token_authentication_on(head):
 def test_ray_job_cli_needs_the_token(head):
     """`ray job list` (the CLI users run) works with RAY_AUTH_MODE=token + RAY_AUTH_TOKEN only."""
     ok = subprocess.run(
-        [RAY, "job", "list", "--address", head.url], env=head.env(), capture_output=True,
-        text=True, timeout=60,
+        [RAY, "job", "list", "--address", head.url],
+        env=head.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert ok.returncode == 0, ok.stderr[-2000:]
     refused = subprocess.run(
-        [RAY, "job", "list", "--address", head.url], env=head.env(with_token=False) | {
-            "HOME": head.temp_dir},  # no ~/.ray/auth_token to fall back on
-        capture_output=True, text=True, timeout=60,
+        [RAY, "job", "list", "--address", head.url],
+        env=head.env(with_token=False)
+        | {"HOME": head.temp_dir},  # no ~/.ray/auth_token to fall back on
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert refused.returncode != 0
     assert "authentication" in (refused.stdout + refused.stderr).lower()
@@ -296,9 +309,20 @@ def test_ray_job_cli_needs_the_token(head):
 def test_joining_without_the_token_fails_with_one_line(head, tmp_path):
     env = head.env(with_token=False) | {"HOME": head.temp_dir}  # no ~/.ray/auth_token either
     r = subprocess.run(
-        [RAYLAB, "train", "--algo", "appo", "--task", "Pendulum-v1",
-         f"resources.ray_address={head.gcs_address}", f"training.log_root={tmp_path}"],
-        env=env, capture_output=True, text=True, timeout=120,
+        [
+            RAYLAB,
+            "train",
+            "--algo",
+            "appo",
+            "--task",
+            "Pendulum-v1",
+            f"resources.ray_address={head.gcs_address}",
+            f"training.log_root={tmp_path}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode == 2, r.stderr[-2000:]
     errors = [line for line in r.stderr.splitlines() if line.startswith("raylab: error:")]
@@ -311,9 +335,19 @@ def test_unreachable_cluster_address_fails_fast_with_one_line(tmp_path):
     port = free_port()  # nothing listens there
     t0 = time.time()
     r = subprocess.run(
-        [RAYLAB, "train", "--algo", "appo", "--task", "Pendulum-v1",
-         f"resources.ray_address=127.0.0.1:{port}", f"training.log_root={tmp_path}"],
-        capture_output=True, text=True, timeout=120,
+        [
+            RAYLAB,
+            "train",
+            "--algo",
+            "appo",
+            "--task",
+            "Pendulum-v1",
+            f"resources.ray_address=127.0.0.1:{port}",
+            f"training.log_root={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode == 2 and time.time() - t0 < 60, r.stderr[-2000:]
     errors = [line for line in r.stderr.splitlines() if line.startswith("raylab: error:")]

@@ -70,7 +70,9 @@ def _scenario(out_path: str, log_dir: str) -> None:
     cluster = Cluster(
         initialize_head=True,
         head_node_args=dict(
-            **LAYOUT["head"], include_dashboard=True, dashboard_port=free_port(),
+            **LAYOUT["head"],
+            include_dashboard=True,
+            dashboard_port=free_port(),
             metrics_export_port=metrics_port,
             _system_config={"metrics_report_interval_ms": 1000},
         ),
@@ -82,26 +84,35 @@ def _scenario(out_path: str, log_dir: str) -> None:
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
 
-        cfg = compose("appo", "Pendulum-v1", "mujoco", [
-            "resources.num_env_runners=2",
-            "resources.custom_resources_per_env_runner.raylab_env_runner=1",
-            "resources.num_learners=1",
-            "resources.num_gpus_per_learner=0",
-            "resources.custom_resources_per_learner.raylab_learner=1",
-            "env.num_envs=4",
-            "training.time_budget_s=8",
-            "training.checkpoint_every=0",
-            "training.terminal=plain",
-            f"training.log_dir={log_dir}",
-        ])
+        cfg = compose(
+            "appo",
+            "Pendulum-v1",
+            "mujoco",
+            [
+                "resources.num_env_runners=2",
+                "resources.custom_resources_per_env_runner.raylab_env_runner=1",
+                "resources.num_learners=1",
+                "resources.num_gpus_per_learner=0",
+                "resources.custom_resources_per_learner.raylab_learner=1",
+                "env.num_envs=4",
+                "training.time_budget_s=8",
+                "training.checkpoint_every=0",
+                "training.terminal=plain",
+                f"training.log_dir={log_dir}",
+            ],
+        )
         run_dir = resolve_run_dir(cfg)
         RunDirectory(run_dir).write_config(to_dict(cfg))
         results = run_training(cfg, run_dir)
         errors = [str(r.error) for r in results if r.error is not None]
 
         actors = [
-            {"class_name": a.class_name, "repr_name": a.repr_name, "node_id": a.node_id,
-             "state": a.state}
+            {
+                "class_name": a.class_name,
+                "repr_name": a.repr_name,
+                "node_id": a.node_id,
+                "state": a.state,
+            }
             for a in list_actors(detail=True, limit=10_000, raise_on_missing_output=False)
         ]
         # The driver's gauges, as the head node's metrics agent exports them.
@@ -112,14 +123,22 @@ def _scenario(out_path: str, log_dir: str) -> None:
             url = f"http://{ray.util.get_node_ip_address()}:{metrics_port}/metrics"
             text = urllib.request.urlopen(url, timeout=10).read().decode()
             gauge_lines = [
-                line for line in text.splitlines()
+                line
+                for line in text.splitlines()
                 if line.startswith(wanted + "{") and f'RunName="{run_dir.name}"' in line
             ]
             time.sleep(1.0)
-        Path(out_path).write_text(json.dumps({
-            "nodes": nodes, "actors": actors, "run_dir": str(run_dir), "errors": errors,
-            "gauge_lines": gauge_lines,
-        }))
+        Path(out_path).write_text(
+            json.dumps(
+                {
+                    "nodes": nodes,
+                    "actors": actors,
+                    "run_dir": str(run_dir),
+                    "errors": errors,
+                    "gauge_lines": gauge_lines,
+                }
+            )
+        )
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -142,13 +161,21 @@ def scenario(tmp_path):
     env = dict(os.environ)
     for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH"):
         env.pop(key, None)
-    env.update(RAY_TMPDIR=ray_tmp, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32),
-               RAY_USAGE_STATS_ENABLED="0")
+    env.update(
+        RAY_TMPDIR=ray_tmp,
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN=secrets.token_hex(32),
+        RAY_USAGE_STATS_ENABLED="0",
+    )
     out = tmp_path / "facts.json"
     log_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, __file__, str(out), str(log_dir)], env=env, start_new_session=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [sys.executable, __file__, str(out), str(log_dir)],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         output, _ = proc.communicate(timeout=420)

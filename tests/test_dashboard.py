@@ -75,11 +75,13 @@ def appo_metrics() -> Dict[str, float]:
 def test_shares_are_main_phase_over_iteration_wall_in_seconds():
     values = D.exported_values(appo_metrics(), "appo")
     shares = {tag: v for (tag, share), v in values.items() if share}
-    assert shares == pytest.approx({
-        S.PERF_LEARNING_TIME: 0.6,
-        S.PERF_LEARNER_COLLECTOR_WAIT_MS: 0.2,
-        S.PERF_LEARNER_REPLAY_SAMPLE_MS: 0.05,
-    })
+    assert shares == pytest.approx(
+        {
+            S.PERF_LEARNING_TIME: 0.6,
+            S.PERF_LEARNER_COLLECTOR_WAIT_MS: 0.2,
+            S.PERF_LEARNER_REPLAY_SAMPLE_MS: 0.05,
+        }
+    )
     assert set(shares) <= set(S.LEARNER_MAIN_PHASES["appo"])
     plain = {tag for (tag, share) in values if not share}
     assert S.reward_tag("alive") not in plain and S.loss_tag("policy") in plain
@@ -123,8 +125,12 @@ def ray_with_metrics():
     temp_dir = tempfile.mkdtemp(prefix="rld", dir="/tmp")  # short: unix socket path limit
     try:
         ray.init(
-            address="local", num_cpus=1, include_dashboard=False, log_to_driver=False,
-            _temp_dir=temp_dir, _metrics_export_port=port,
+            address="local",
+            num_cpus=1,
+            include_dashboard=False,
+            log_to_driver=False,
+            _temp_dir=temp_dir,
+            _metrics_export_port=port,
             _system_config={"metrics_report_interval_ms": 500},
         )
         node = ray.nodes()[0]
@@ -165,9 +171,13 @@ def test_gauges_are_registered_with_the_values_sent_tagged_by_run_and_trial(ray_
     b = D.DashboardExporter(run, "trial_b")
     sent_a = a.export(appo_metrics(), "appo")
     sent_b = b.export({**appo_metrics(), S.PERF_TOTAL_FPS: 999.0}, "appo")
-    for needed in ("raylab_perf_total_fps", "raylab_train_mean_reward",
-                   "raylab_perf_iteration_time", "raylab_perf_learning_time_share",
-                   "raylab_perf_learner_collector_wait_ms_share"):
+    for needed in (
+        "raylab_perf_total_fps",
+        "raylab_train_mean_reward",
+        "raylab_perf_iteration_time",
+        "raylab_perf_learning_time_share",
+        "raylab_perf_learner_collector_wait_ms_share",
+    ):
         assert needed in sent_a
     assert sent_a["raylab_perf_learning_time_share"] == pytest.approx(0.6)
 
@@ -179,10 +189,13 @@ def test_gauges_are_registered_with_the_values_sent_tagged_by_run_and_trial(ray_
     # A later result replaces the value of that trial only.
     again = a.export({**appo_metrics(), S.PERF_TOTAL_FPS: 4000.0}, "appo")
     assert again["raylab_perf_total_fps"] == 4000.0
-    wait_for(url, {
-        ("ray_raylab_perf_total_fps", run, "trial_a"): 4000.0,
-        ("ray_raylab_perf_total_fps", run, "trial_b"): 999.0,
-    })
+    wait_for(
+        url,
+        {
+            ("ray_raylab_perf_total_fps", run, "trial_a"): 4000.0,
+            ("ray_raylab_perf_total_fps", run, "trial_b"): 999.0,
+        },
+    )
 
 
 def test_export_result_reads_the_algorithm_from_the_run_directory(ray_with_metrics, tmp_path):
@@ -196,9 +209,12 @@ def test_export_result_reads_the_algorithm_from_the_run_directory(ray_with_metri
     # PPO's main phases: no replay-sample share although the tag is in the metrics.
     assert "raylab_perf_learner_replay_sample_ms_share" not in sent
     assert sent["raylab_perf_learning_time_share"] == pytest.approx(0.6)
-    wait_for(ray_with_metrics, {
-        ("ray_raylab_perf_learning_time_share", run_dir.name, "trial_c"): 0.6,
-    })
+    wait_for(
+        ray_with_metrics,
+        {
+            ("ray_raylab_perf_learning_time_share", run_dir.name, "trial_c"): 0.6,
+        },
+    )
 
 
 def test_export_result_never_raises(tmp_path, capsys):

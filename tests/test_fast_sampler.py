@@ -38,8 +38,10 @@ def _key(episode):
     return (episode.t_started, len(episode), episode.get_observations()[0].tobytes())
 
 
-@pytest.mark.parametrize("algo, task", [("ppo", "microduck_balance"), ("appo", "microduck_balance"),
-                                       ("ppo", "go2_joystick_flat")])  # fmt: skip
+@pytest.mark.parametrize(
+    "algo, task",
+    [("ppo", "microduck_balance"), ("appo", "microduck_balance"), ("ppo", "go2_joystick_flat")],
+)
 def test_fast_path_equals_rllibs_loop_bit_for_bit_through_autoresets(algo, task):
     fast, stock = _runners(algo, task)
     finished = steps = 0
@@ -52,7 +54,11 @@ def test_fast_path_equals_rllibs_loop_bit_for_bit_through_autoresets(algo, task)
         for x, y in zip(a, b):
             # Same chunks: where episodes begin and end, and every value, with ==.
             assert (x.t_started, len(x), x.is_terminated, x.is_truncated) == (
-                y.t_started, len(y), y.is_terminated, y.is_truncated)  # fmt: skip
+                y.t_started,
+                len(y),
+                y.is_terminated,
+                y.is_truncated,
+            )
             np.testing.assert_array_equal(x.get_observations(), y.get_observations())
             np.testing.assert_array_equal(x.get_actions(), y.get_actions())
             np.testing.assert_array_equal(x.get_rewards(), y.get_rewards())
@@ -86,8 +92,12 @@ def test_fast_path_logs_the_same_episode_metrics_and_collector_phases():
     from raylab.metrics.tracker import drop_counts, merge_exports
 
     merged = drop_counts(merge_exports(mf["raylab"]["collector"].peek()))
-    for tag in (S.PERF_COLLECTOR_MLP_INFER_MS, S.PERF_COLLECTOR_ENV_STEP_MS, S.PERF_COLLECTION_TIME,
-                S.PERF_COLLECTOR_TRANSITION_EXTRACT_MS):
+    for tag in (
+        S.PERF_COLLECTOR_MLP_INFER_MS,
+        S.PERF_COLLECTOR_ENV_STEP_MS,
+        S.PERF_COLLECTION_TIME,
+        S.PERF_COLLECTOR_TRANSITION_EXTRACT_MS,
+    ):
         assert merged[f"collector/{tag}"] > 0, tag
     assert merged[f"collector/{S.EPISODE_TIMEOUT_RATE}"] == 1.0
     fast.stop(), stock.stop()
@@ -109,8 +119,12 @@ def test_rollout_loop_steps_min_transitions_and_bookkeeps_episodes():
     loop = RolloutLoop(env)
     loop.reset(seed=0)
     rng = np.random.default_rng(0)
-    frag = loop.run(None, random_action=lambda n: rng.uniform(-1, 1, (n, 14)).astype(np.float32),
-                    min_transitions=45, with_logp=False)  # fmt: skip
+    frag = loop.run(
+        None,
+        random_action=lambda n: rng.uniform(-1, 1, (n, 14)).astype(np.float32),
+        min_transitions=45,
+        with_logp=False,
+    )
     # 10-step episodes: step 10 of each env is its NEXT_STEP reset, not a transition.
     assert frag.valid.shape == (16, 3) and not frag.valid[10].any() and frag.valid[:10].all()
     assert frag.num_steps == 45
@@ -118,8 +132,9 @@ def test_rollout_loop_steps_min_transitions_and_bookkeeps_episodes():
     for i, _, ret, truncated in frag.episodes:
         assert ret == pytest.approx(frag.rewards[:10, i].sum()) and truncated
     assert loop.ep_len.tolist() == [5, 5, 5]
-    fixed = loop.run(None, random_action=lambda n: np.zeros((n, 14), np.float32), steps=4,
-                     with_logp=False)  # fmt: skip
+    fixed = loop.run(
+        None, random_action=lambda n: np.zeros((n, 14), np.float32), steps=4, with_logp=False
+    )
     assert fixed.valid.shape == (4, 3)
     env.close()
 
@@ -139,7 +154,9 @@ def test_the_fast_path_is_the_default_for_raylab_tasks_and_a_switch_turns_it_off
     appo = build_algorithm_config(compose("appo", "microduck_balance"))
     assert appo.env_runner_cls is RaylabFastEnvRunner
     off = compose("ppo", "microduck_balance", overrides=["training.fast_sampler=false"])
-    assert not use_fast_sampler(off) and build_algorithm_config(off).env_runner_cls is RaylabEnvRunner
+    assert (
+        not use_fast_sampler(off) and build_algorithm_config(off).env_runner_cls is RaylabEnvRunner
+    )
     gym_id = build_algorithm_config(compose("ppo", "Pendulum-v1"))
     assert gym_id.env_runner_cls is RaylabEnvRunner  # RLlib's loop for any Gymnasium id
     with pytest.raises(UserError, match="needs a raylab task"):
@@ -158,12 +175,20 @@ def test_num_threads_auto_uses_the_cores_the_envrunner_may_use(monkeypatch):
     assert physics_threads(cfg("appo", "resources.num_env_runners=4")) == 4
     assert physics_threads(cfg("ppo", "env.num_envs=2")) == 2  # one thread per env at most
     # SAC's learner computes all the time: its CPUs are left to it.
-    assert physics_threads(cfg("sac", "resources.num_env_runners=3",
-                               "resources.num_cpus_per_learner=4")) == 4  # fmt: skip
+    assert (
+        physics_threads(
+            cfg("sac", "resources.num_env_runners=3", "resources.num_cpus_per_learner=4")
+        )
+        == 4
+    )
     # On a cluster: the EnvRunner's own reservation, so EnvRunners sharing a node never
     # oversubscribe it.
-    assert physics_threads(cfg("appo", "resources.ray_address=auto",
-                               "resources.num_cpus_per_env_runner=3")) == 3  # fmt: skip
+    assert (
+        physics_threads(
+            cfg("appo", "resources.ray_address=auto", "resources.num_cpus_per_env_runner=3")
+        )
+        == 3
+    )
     monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8265")
     assert physics_threads(cfg("appo")) == 1
     assert physics_threads(cfg("appo", "env.num_threads=2")) == 2  # a number is taken as given

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
+from test_cluster_head import RAYLAB, LocalHead
 
 from raylab.metrics import schema as S
 from raylab.metrics.extract import extract
 from raylab.metrics.rundir import read_summary
-from test_cluster_head import RAYLAB, LocalHead
 
 pytestmark = pytest.mark.slow
 
@@ -52,12 +52,23 @@ def _summary(run_dir: Path) -> dict:
 
 def _start_driver(head: LocalHead, run_dir: Path, log: Path, *overrides: str) -> subprocess.Popen:
     cmd = [
-        RAYLAB, "train", "--algo", "appo", "--task", "Pendulum-v1", "env.num_envs=4",
-        f"resources.ray_address={head.gcs_address}", "training.terminal=plain",
-        f"training.log_dir={run_dir}", *overrides,
+        RAYLAB,
+        "train",
+        "--algo",
+        "appo",
+        "--task",
+        "Pendulum-v1",
+        "env.num_envs=4",
+        f"resources.ray_address={head.gcs_address}",
+        "training.terminal=plain",
+        f"training.log_dir={run_dir}",
+        *overrides,
     ]
     return subprocess.Popen(
-        cmd, env=head.env(), stdout=open(log, "w"), stderr=subprocess.STDOUT,
+        cmd,
+        env=head.env(),
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
         start_new_session=True,
     )
 
@@ -71,8 +82,13 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
-def _wait(predicate, timeout: float, what: str, proc: Optional[subprocess.Popen] = None,
-          log: Optional[Path] = None):
+def _wait(
+    predicate,
+    timeout: float,
+    what: str,
+    proc: Optional[subprocess.Popen] = None,
+    log: Optional[Path] = None,
+):
     deadline = time.time() + timeout
     while time.time() < deadline:
         value = predicate()
@@ -93,23 +109,48 @@ def envrunner_killed(head, tmp_path_factory):
     """Train 20 s with 2 EnvRunners; SIGKILL raylab-envrunner-1 after iteration 3."""
     base = tmp_path_factory.mktemp("envrunner_kill")
     run_dir, log = base / "run", base / "driver.log"
-    proc = _start_driver(head, run_dir, log, "resources.num_env_runners=2",
-                         "training.time_budget_s=20", "training.checkpoint_every=0")
+    proc = _start_driver(
+        head,
+        run_dir,
+        log,
+        "resources.num_env_runners=2",
+        "training.time_budget_s=20",
+        "training.checkpoint_every=0",
+    )
     try:
-        at_kill = _wait(lambda: (s := _summary(run_dir)).get("training_iteration", 0) >= 3 and s,
-                        STARTUP_TIMEOUT_S, "iteration 3", proc, log)
+        at_kill = _wait(
+            lambda: (s := _summary(run_dir)).get("training_iteration", 0) >= 3 and s,
+            STARTUP_TIMEOUT_S,
+            "iteration 3",
+            proc,
+            log,
+        )
         victim = _wait(
-            lambda: next((a for a in head.actors() if a.get("repr_name") == "raylab-envrunner-1"
-                          and a["state"] == "ALIVE"), None),
-            30, "the raylab-envrunner-1 actor in the state API", proc, log)
+            lambda: next(
+                (
+                    a
+                    for a in head.actors()
+                    if a.get("repr_name") == "raylab-envrunner-1" and a["state"] == "ALIVE"
+                ),
+                None,
+            ),
+            30,
+            "the raylab-envrunner-1 actor in the state API",
+            proc,
+            log,
+        )
         os.kill(int(victim["pid"]), signal.SIGKILL)
         rc = proc.wait(timeout=300)
     finally:
         _kill_group(proc)
     actors_after = [a for a in head.actors() if a.get("repr_name") == "raylab-envrunner-1"]
     return {
-        "rc": rc, "log": log.read_text(errors="replace"), "run_dir": run_dir,
-        "at_kill": at_kill, "victim": victim, "actors_after": actors_after,
+        "rc": rc,
+        "log": log.read_text(errors="replace"),
+        "run_dir": run_dir,
+        "at_kill": at_kill,
+        "victim": victim,
+        "actors_after": actors_after,
     }
 
 
@@ -161,7 +202,8 @@ def checkpoint_counters(checkpoint: Path):
         state = pickle.load(fh)
     stats = state["metrics_logger"]["stats"]
     return int(state["training_iteration"]), int(
-        stats["env_runners--num_env_steps_sampled_lifetime"]["lifetime_sum"])
+        stats["env_runners--num_env_steps_sampled_lifetime"]["lifetime_sum"]
+    )
 
 
 def _event_steps(path: Path):
@@ -181,11 +223,22 @@ def driver_killed_and_resumed(head, tmp_path_factory):
     run_dir, log = base / "run", base / "driver.log"
     # No evaluation: a new best evaluation checkpoints at once, and this scenario needs the
     # next checkpoint to be at least 3 s away when it kills the driver.
-    proc = _start_driver(head, run_dir, log, "training.time_budget_s=25",
-                         "training.checkpoint_every=10", "training.eval_every=0")
+    proc = _start_driver(
+        head,
+        run_dir,
+        log,
+        "training.time_budget_s=25",
+        "training.checkpoint_every=10",
+        "training.eval_every=0",
+    )
     try:
-        _wait(lambda: _summary(run_dir).get("last_checkpoint"), STARTUP_TIMEOUT_S,
-              "the first checkpoint", proc, log)
+        _wait(
+            lambda: _summary(run_dir).get("last_checkpoint"),
+            STARTUP_TIMEOUT_S,
+            "the first checkpoint",
+            proc,
+            log,
+        )
         time.sleep(7.0)  # > TUNE_GLOBAL_CHECKPOINT_S (5 s, set by init_ray)
         at_kill = _summary(run_dir)
         checkpoints = sorted((run_dir / "tune").glob("*/checkpoint_*"))
@@ -196,16 +249,31 @@ def driver_killed_and_resumed(head, tmp_path_factory):
     counters = checkpoint_counters(checkpoints[-1]) if checkpoints else None
     first_events = sorted(run_dir.glob("events.out.tfevents.*"))
     # The driver's actors die with it (fate sharing); wait until their CPUs are free again.
-    _wait(lambda: not [a for a in head.actors() if a["state"] == "ALIVE"
-                       and (a.get("repr_name") or "").startswith("raylab-")],
-          60, "the killed driver's actors to end")
+    _wait(
+        lambda: (
+            not [
+                a
+                for a in head.actors()
+                if a["state"] == "ALIVE" and (a.get("repr_name") or "").startswith("raylab-")
+            ]
+        ),
+        60,
+        "the killed driver's actors to end",
+    )
     resume = subprocess.run(
-        [RAYLAB, "train", "--resume", str(run_dir)], env=head.env(), capture_output=True,
-        text=True, timeout=420,
+        [RAYLAB, "train", "--resume", str(run_dir)],
+        env=head.env(),
+        capture_output=True,
+        text=True,
+        timeout=420,
     )
     return {
-        "run_dir": run_dir, "log": log.read_text(errors="replace"), "at_kill": at_kill,
-        "checkpoints": checkpoints, "counters": counters, "first_events": first_events,
+        "run_dir": run_dir,
+        "log": log.read_text(errors="replace"),
+        "at_kill": at_kill,
+        "checkpoints": checkpoints,
+        "counters": counters,
+        "first_events": first_events,
         "resume": resume,
     }
 

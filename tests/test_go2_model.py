@@ -27,7 +27,12 @@ def _standing(model):
 
 def test_twelve_position_servos_in_leg_order_with_the_facts_limits(model):
     assert model.nu == 12 and model.nq == 19 and model.nv == 18
-    assert ACTUATOR_NAMES[:3] == ("FR_hip", "FR_thigh", "FR_calf") and LEGS == ("FR", "FL", "RR", "RL")
+    assert ACTUATOR_NAMES[:3] == ("FR_hip", "FR_thigh", "FR_calf") and LEGS == (
+        "FR",
+        "FL",
+        "RR",
+        "RL",
+    )
     for k, name in enumerate(ACTUATOR_NAMES):
         a = model.actuator(name)
         assert a.id == k
@@ -65,8 +70,14 @@ def test_dimensions_and_masses(model):
 
 
 def test_only_primitives_and_only_robot_floor_contacts(model):
-    allowed = {int(t) for t in (mujoco.mjtGeom.mjGEOM_BOX, mujoco.mjtGeom.mjGEOM_CAPSULE,
-                                mujoco.mjtGeom.mjGEOM_SPHERE)}
+    allowed = {
+        int(t)
+        for t in (
+            mujoco.mjtGeom.mjGEOM_BOX,
+            mujoco.mjtGeom.mjGEOM_CAPSULE,
+            mujoco.mjtGeom.mjGEOM_SPHERE,
+        )
+    }
     floor = model.geom("floor").id
     for g in range(model.ngeom):
         if g == floor:

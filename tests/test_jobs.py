@@ -18,11 +18,11 @@ import subprocess
 import time
 
 import pytest
+from test_cluster_head import RAY, LocalHead
 
 from raylab.metrics import schema as S
 from raylab.metrics.extract import extract
 from raylab.metrics.rundir import read_summary
-from test_cluster_head import RAY, LocalHead
 
 pytestmark = pytest.mark.slow
 
@@ -37,8 +37,18 @@ def cli_submit(head: LocalHead, entrypoint: str, runtime_env: dict, timeout: flo
     """`ray job submit --no-wait` with the client environment a user has (token carried)."""
     submission_id = f"raylab-test-{time.time_ns()}"
     cmd = [
-        RAY, "job", "submit", "--address", head.url, "--submission-id", submission_id,
-        "--runtime-env-json", json.dumps(runtime_env), "--no-wait", "--", *shlex.split(entrypoint),
+        RAY,
+        "job",
+        "submit",
+        "--address",
+        head.url,
+        "--submission-id",
+        submission_id,
+        "--runtime-env-json",
+        json.dumps(runtime_env),
+        "--no-wait",
+        "--",
+        *shlex.split(entrypoint),
     ]
     deadline = time.time() + timeout
     while True:

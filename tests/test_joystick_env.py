@@ -13,8 +13,8 @@ import pytest
 from gymnasium.wrappers.vector import DictInfoToList
 
 import raylab.envs  # noqa: F401  (registers the ids)
-from raylab.config import compose
 from raylab.algorithms.evaluation import eval_vec_env, hold_pose_policy, run_policy_episodes
+from raylab.config import compose
 from raylab.envs.go2 import Go2JoystickFlatEnv, Go2JoystickFlatVecEnv
 from raylab.envs.joystick import (
     CONTROL_DT,
@@ -83,9 +83,14 @@ def test_go2_observation_layout():
     obs, _ = env.reset(seed=3)
     s = env.observations.slices
     assert [t.name for t in env.observations.terms] == [
-        "gyro", "projected_gravity", "joint_pos", "joint_vel", "last_action", "command",
+        "gyro",
+        "projected_gravity",
+        "joint_pos",
+        "joint_vel",
+        "last_action",
+        "command",
         "foot_phase",
-    ]  # fmt: skip
+    ]
     assert (s["gyro"], s["command"], s["foot_phase"]) == (slice(0, 3), slice(42, 45), slice(45, 49))
     np.testing.assert_array_equal(obs[:, s["command"]], env.command.astype(np.float32))
     np.testing.assert_allclose(obs[:, s["projected_gravity"]], env.gravity, atol=1e-6)
@@ -124,8 +129,11 @@ def test_microduck_observation_is_the_48_balance_channels_then_command():
 
 @pytest.mark.parametrize("gym_id", [GO2, DUCK])
 def test_every_config_field_is_an_env_option(gym_id):
-    cfg = {f.name: f.default if not callable(f.default_factory) else f.default_factory()
-           for f in fields(CONFIG[gym_id]) if f.name not in SKIP}  # fmt: skip
+    cfg = {
+        f.name: f.default if not callable(f.default_factory) else f.default_factory()
+        for f in fields(CONFIG[gym_id])
+        if f.name not in SKIP
+    }
     env = _vec(gym_id, n=2, **cfg)
     for name, value in cfg.items():
         if name in ("num_threads", "autoreset_mode", "info_mode", "allow_overcommit"):
@@ -137,7 +145,7 @@ def test_every_config_field_is_an_env_option(gym_id):
 
 def test_reward_weight_fields_are_exactly_the_reward_terms():
     for cls in (Go2JoystickFlatConfig, MicroduckJoystickConfig):
-        names = [f[len(REWARD_PREFIX):] for f in reward_weight_fields(cls)]
+        names = [f[len(REWARD_PREFIX) :] for f in reward_weight_fields(cls)]
         assert names == list(REWARD_TERMS)
 
 
@@ -145,16 +153,24 @@ def test_tasks_compose_for_every_algorithm():
     for task in ("go2_joystick_flat", "microduck_joystick"):
         assert TASKS[task].gym_id in gym.registry
         for algo in ("ppo", "appo", "sac"):
-            cfg = compose(algo, task, overrides=["env.rew_foot_slip=-0.5", "env.lin_vel_x=[-0.5,0.5]"])
+            cfg = compose(
+                algo, task, overrides=["env.rew_foot_slip=-0.5", "env.lin_vel_x=[-0.5,0.5]"]
+            )
             assert cfg.env.rew_foot_slip == -0.5 and list(cfg.env.lin_vel_x) == [-0.5, 0.5]
 
 
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"autoreset_mode": "later"}, r"unknown autoreset_mode 'later'; valid choices: next_step, same_step"),
+        (
+            {"autoreset_mode": "later"},
+            r"unknown autoreset_mode 'later'; valid choices: next_step, same_step",
+        ),
         ({"info_mode": "some"}, r"unknown info_mode 'some'; valid choices: none, full"),
-        ({"lin_vel_x": [1.0, -1.0]}, r"lin_vel_x=\[1.0, -1.0\] is invalid; it must be \[low, high\]"),
+        (
+            {"lin_vel_x": [1.0, -1.0]},
+            r"lin_vel_x=\[1.0, -1.0\] is invalid; it must be \[low, high\]",
+        ),
         ({"command_zero_prob": 1.5}, r"command_zero_prob=1.5 is invalid; valid range: 0..1"),
         ({"swing_height": 0.0}, r"swing_height=0.0 is invalid; it must be finite and > 0"),
         ({"gait_freq_hz": 0.0}, r"rew_feet_swing_height needs the gait clock"),
@@ -196,12 +212,17 @@ def test_unknown_options_and_bad_actions_are_refused():
 
 
 def test_commands_are_in_range_resampled_on_time_and_observed():
-    env = Go2JoystickFlatVecEnv(num_envs=4, command_resample_s=[0.1, 0.1], command_zero_prob=0.0,
-                                lin_vel_x=[0.2, 0.6], info_mode="full")  # fmt: skip
+    env = Go2JoystickFlatVecEnv(
+        num_envs=4,
+        command_resample_s=[0.1, 0.1],
+        command_zero_prob=0.0,
+        lin_vel_x=[0.2, 0.6],
+        info_mode="full",
+    )
     obs, _ = env.reset(seed=7)
     cmd = obs[:, 42:45].copy()
     seen = [cmd]
-    for t in range(1, 16):
+    for _ in range(1, 16):
         obs, _, _, _, info = env.step(np.zeros((4, 12)))
         np.testing.assert_allclose(info["command"], seen[-1], atol=1e-6)  # tracked = last observed
         seen.append(obs[:, 42:45].copy())
@@ -231,11 +252,19 @@ def test_fall_terminates_time_out_truncates_and_autoreset(mode):
     env = Go2JoystickFlatVecEnv(num_envs=3, episode_steps=5, autoreset_mode=mode, info_mode="full")
     env.reset(seed=0)
     d, m = env.sim.datas[0], env.sim.models[0]
-    d.qpos[3:7] = (np.cos(np.pi / 3), np.sin(np.pi / 3), 0.0, 0.0)  # rolled 120 degrees: up z = -0.5
+    d.qpos[3:7] = (
+        np.cos(np.pi / 3),
+        np.sin(np.pi / 3),
+        0.0,
+        0.0,
+    )  # rolled 120 degrees: up z = -0.5
     mujoco.mj_forward(m, d)
     obs, r, te, tr, info = env.step(np.zeros((3, 12)))
     assert te.tolist() == [True, False, False] and not tr.any()
-    assert info["log"][termination_tag("fallen")] == 1 and info["log"][termination_tag("time_out")] == 0
+    assert (
+        info["log"][termination_tag("fallen")] == 1
+        and info["log"][termination_tag("time_out")] == 0
+    )
     if mode == "same_step":
         assert info["_final_obs"].tolist() == [True, False, False]
         assert env.step_count[0] == 0  # already reset
@@ -258,8 +287,14 @@ def test_fall_terminates_time_out_truncates_and_autoreset(mode):
 
 def _state(**kw):
     """A hand-made state of 2 envs and 4 feet: env 0 is ideal, env 1 is off in every way."""
-    opts = SimpleNamespace(tracking_sigma_lin=0.25, tracking_sigma_ang=0.25, base_height_target=0.3,
-                           air_time_min_s=0.1, air_time_max_s=0.5, swing_height=0.08)  # fmt: skip
+    opts = SimpleNamespace(
+        tracking_sigma_lin=0.25,
+        tracking_sigma_ang=0.25,
+        base_height_target=0.3,
+        air_time_min_s=0.1,
+        air_time_max_s=0.5,
+        swing_height=0.08,
+    )
     s = SimpleNamespace(
         opts=opts,
         command=np.array([[0.5, -0.2, 0.3], [0.5, -0.2, 0.3]]),
@@ -288,8 +323,17 @@ def _state(**kw):
 
 
 KERNELS = ("tracking_lin_vel", "tracking_ang_vel", "upright", "pose", "feet_swing_height")
-PENALTIES = ("lin_vel_z", "ang_vel_xy", "orientation", "base_height", "action_rate",
-             "similar_to_default", "foot_clearance", "foot_slip", "termination")  # fmt: skip
+PENALTIES = (
+    "lin_vel_z",
+    "ang_vel_xy",
+    "orientation",
+    "base_height",
+    "action_rate",
+    "similar_to_default",
+    "foot_clearance",
+    "foot_slip",
+    "termination",
+)
 
 
 def test_every_reward_term_is_a_kernel_a_penalty_or_air_time():
@@ -317,15 +361,20 @@ def test_penalties_are_zero_when_ideal_and_never_positive(name):
 
 
 def test_feet_air_time_pays_long_swings_only_when_moving():
-    s = _state(touchdown=np.array([[True, False, False, False], [True, False, False, False]]),
-               air_time_at_touchdown=np.array([[0.35, 0, 0, 0], [0.04, 0, 0, 0]]))  # fmt: skip
+    s = _state(
+        touchdown=np.array([[True, False, False, False], [True, False, False, False]]),
+        air_time_at_touchdown=np.array([[0.35, 0, 0, 0], [0.04, 0, 0, 0]]),
+    )
     raw = REWARD_TERMS["feet_air_time"](s)
     assert raw[0] == pytest.approx(0.25) and raw[1] == pytest.approx(-0.06)  # shuffling costs
     s.air_time_at_touchdown[0, 0] = 2.0
     assert REWARD_TERMS["feet_air_time"](s)[0] == pytest.approx(0.4)  # capped at max - min
     s.moving = np.array([False, False])
     np.testing.assert_array_equal(REWARD_TERMS["feet_air_time"](s), 0.0)
-    assert Go2JoystickFlatConfig.rew_feet_air_time >= 0 and MicroduckJoystickConfig.rew_feet_air_time > 0
+    assert (
+        Go2JoystickFlatConfig.rew_feet_air_time >= 0
+        and MicroduckJoystickConfig.rew_feet_air_time > 0
+    )
 
 
 def test_swing_height_wants_feet_down_when_the_command_is_zero():
@@ -341,10 +390,16 @@ def test_swing_height_wants_feet_down_when_the_command_is_zero():
 
 
 def test_logs_carry_exactly_the_configured_terms():
-    weights = {"rew_feet_swing_height": 0.0, "rew_foot_slip": 0.0, "rew_termination": -2.0,
-               "rew_upright": 0.7}  # fmt: skip
+    weights = {
+        "rew_feet_swing_height": 0.0,
+        "rew_foot_slip": 0.0,
+        "rew_termination": -2.0,
+        "rew_upright": 0.7,
+    }
     env = Go2JoystickFlatVecEnv(num_envs=3, info_mode="full", positive_reward=False, **weights)
-    defaults = {f.name: f.default for f in fields(Go2JoystickFlatConfig) if f.name.startswith("rew_")}
+    defaults = {
+        f.name: f.default for f in fields(Go2JoystickFlatConfig) if f.name.startswith("rew_")
+    }
     expected = [n for n in REWARD_TERMS if {**defaults, **weights}[REWARD_PREFIX + n] != 0]
     assert "foot_slip" not in expected and "termination" in expected and "upright" in expected
     assert list(env.rewards.names) == expected
@@ -357,13 +412,17 @@ def test_logs_carry_exactly_the_configured_terms():
         total = sum(info["reward_terms"][n] for n in expected)
         np.testing.assert_allclose(r, CONTROL_DT * total, rtol=1e-12, atol=1e-15)
         assert set(info["log"]) == {reward_tag(n) for n in expected} | {
-            termination_tag("fallen"), termination_tag("time_out")}  # fmt: skip
+            termination_tag("fallen"),
+            termination_tag("time_out"),
+        }
         for n in expected:
             assert info["log"][reward_tag(n)] == pytest.approx(info["reward_terms"][n].mean())
             sums[n] += info["reward_terms"][n].mean()
     log = env.pop_log()
     assert set(log) == {reward_tag(n) for n in expected} | {
-        termination_tag("fallen"), termination_tag("time_out")}  # fmt: skip
+        termination_tag("fallen"),
+        termination_tag("time_out"),
+    }
     assert not any(k.startswith("Episode_Reward") for k in log)
     for n in expected:
         assert log[reward_tag(n)] == pytest.approx(sums[n] / 4)
@@ -372,8 +431,9 @@ def test_logs_carry_exactly_the_configured_terms():
 
 
 def test_positive_reward_clips_each_step_at_zero():
-    kw = dict(num_envs=4, rew_tracking_lin_vel=0.0, rew_tracking_ang_vel=0.0,
-              rew_feet_swing_height=0.0)  # fmt: skip
+    kw = dict(
+        num_envs=4, rew_tracking_lin_vel=0.0, rew_tracking_ang_vel=0.0, rew_feet_swing_height=0.0
+    )
     rng = np.random.default_rng(1)
     actions = rng.uniform(-1, 1, (3, 4, 12))
     clipped, raw = Go2JoystickFlatVecEnv(**kw), Go2JoystickFlatVecEnv(positive_reward=False, **kw)
@@ -402,8 +462,15 @@ def test_thread_count_never_changes_a_bit(gym_id, mode):
     n, steps = 5, 120
     act_dim = 12 if gym_id == GO2 else 14
     actions = np.random.default_rng(3).uniform(-1, 1, (steps, n, act_dim))
-    kw = dict(episode_steps=50, domain_randomization=True, push_vel=0.5, push_interval_s=[0.2, 0.4],
-              command_resample_s=[0.2, 0.6], autoreset_mode=mode, allow_overcommit=True)  # fmt: skip
+    kw = dict(
+        episode_steps=50,
+        domain_randomization=True,
+        push_vel=0.5,
+        push_interval_s=[0.2, 0.4],
+        command_resample_s=[0.2, 0.6],
+        autoreset_mode=mode,
+        allow_overcommit=True,
+    )
     runs = []
     for t in (1, 2, 4):
         env = VEC[gym_id](num_envs=n, num_threads=t, **kw)
@@ -451,7 +518,9 @@ def test_domain_randomisation_writes_private_models_and_restores_them():
 
 
 def test_pushes_kick_the_trunk_on_schedule():
-    env = Go2JoystickFlatVecEnv(num_envs=2, push_vel=1.0, push_interval_s=[0.1, 0.1], info_mode="full")
+    env = Go2JoystickFlatVecEnv(
+        num_envs=2, push_vel=1.0, push_interval_s=[0.1, 0.1], info_mode="full"
+    )
     env.reset(seed=0)
     pushed = []
     for _ in range(12):
@@ -478,8 +547,11 @@ def test_tracking_error_of_standing_still_is_the_command_speed():
     assert s["survival"] == 1.0 and s["mean_episode_length"] == 60
     assert s["lin_vel_error"] == pytest.approx(s["command_speed"], abs=0.05)
     assert s["lin_vel_error_moving"] == s["lin_vel_error"] and s["lin_vel_error_still"] is None
-    still = _hold_pose_errors(options={"episode_steps": 30, "command_zero_prob": 1.0, "init_noise": 0.0},
-                              episodes=2, seed=0)  # fmt: skip
+    still = _hold_pose_errors(
+        options={"episode_steps": 30, "command_zero_prob": 1.0, "init_noise": 0.0},
+        episodes=2,
+        seed=0,
+    )
     assert still["lin_vel_error"] < 0.005 and still["yaw_rate_error"] < 0.005
     assert still["lin_vel_error_moving"] is None and still["command_speed"] is None
 
@@ -488,13 +560,19 @@ def test_track_error_tool_prints_and_writes_the_hold_pose_errors(tmp_path, capsy
     from raylab.evaluate import main
 
     out = tmp_path / "te.json"
-    assert main(["track-error", "--task", "microduck_joystick", "--episodes", "3", "--out", str(out)]) == 0
+    assert (
+        main(["track-error", "--task", "microduck_joystick", "--episodes", "3", "--out", str(out)])
+        == 0
+    )
     line = capsys.readouterr().out
     got = json.loads(out.read_text())["hold_default_pose"]
     want = _hold_pose_errors("raylab/MicroduckJoystick-v0", episodes=3, seed=1000)
     for key in ("lin_vel_error_moving", "yaw_rate_error_moving", "survival", "mean_return"):
         assert got[key] == pytest.approx(want[key], rel=1e-12), key
-    assert line.startswith("hold default pose") and f"(moving {got['lin_vel_error_moving']:.3f}" in line
+    assert (
+        line.startswith("hold default pose")
+        and f"(moving {got['lin_vel_error_moving']:.3f}" in line
+    )
 
 
 def test_track_error_tool_refuses_unknown_commands_and_bad_episodes(capsys):
@@ -512,7 +590,9 @@ def test_the_go2_ppo_sweep_file_is_valid():
 
     from raylab.sweep import load_spec
 
-    spec = load_spec(str(Path(__file__).resolve().parents[1] / "tune_configs" / "ppo_go2_joystick_flat.yaml"))
+    spec = load_spec(
+        str(Path(__file__).resolve().parents[1] / "tune_configs" / "ppo_go2_joystick_flat.yaml")
+    )
     assert spec.task == "go2_joystick_flat" and spec.algo == "ppo"
     assert {"algo.lr", "algo.train_batch_size"} <= set(spec.search)
 

@@ -42,9 +42,9 @@ def read_wandb_records(run_file: Path):
         if left < 7:
             pos += left
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         pos += 7
-        chunk = data[pos:pos + length]
+        chunk = data[pos : pos + length]
         pos += length
         if kind == 0:
             break
@@ -83,12 +83,15 @@ def test_tensorboard_writes_each_tag_once_per_step_unsmoothed(tmp_path):
     assert isinstance(backend, TensorBoardBackend)
     rewards = [1.0, 100.0, -5.0]  # jumpy: any smoothing would change them
     for step, r in zip((10, 20, 30), rewards):
-        written = backend.log(step, {
-            schema.TRAIN_MEAN_REWARD: np.float32(r),
-            schema.PERF_TOTAL_FPS: 1000 + step,
-            schema.PERF_LEARNER_ROWS_PER_S: 5.0,  # terminal-only: never persisted
-            schema.loss_tag("critic"): float("nan") if step == 30 else 0.5,
-        })
+        written = backend.log(
+            step,
+            {
+                schema.TRAIN_MEAN_REWARD: np.float32(r),
+                schema.PERF_TOTAL_FPS: 1000 + step,
+                schema.PERF_LEARNER_ROWS_PER_S: 5.0,  # terminal-only: never persisted
+                schema.loss_tag("critic"): float("nan") if step == 30 else 0.5,
+            },
+        )
         assert schema.PERF_LEARNER_ROWS_PER_S not in written
     backend.log(30, {schema.reward_tag("alive"): 0.25})  # same step, new tag: fine
     backend.close()
@@ -127,7 +130,9 @@ def test_backend_validates_before_writing(tmp_path):
 
 
 def test_make_backend_rejects_unknown_logger(tmp_path):
-    with pytest.raises(UserError, match="unknown training.logger 'mlflow'; valid choices: tensorboard, wandb"):
+    with pytest.raises(
+        UserError, match="unknown training.logger 'mlflow'; valid choices: tensorboard, wandb"
+    ):
         make_backend({"logger": "mlflow"}, tmp_path)
 
 
@@ -139,15 +144,29 @@ def test_tensorboard_video_upload_is_a_no_op(tmp_path):
 def test_wandb_offline_run_files(tmp_path, wandb_env):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    cfg = compose("sac", "microduck_balance", overrides=[
-        "training.logger=wandb", "training.wandb_mode=offline", "training.wandb_project=raylab-test",
-        "training.wandb_group=g1", "training.wandb_tags=[a,b]", "training.wandb_notes=hello",
-    ])
+    cfg = compose(
+        "sac",
+        "microduck_balance",
+        overrides=[
+            "training.logger=wandb",
+            "training.wandb_mode=offline",
+            "training.wandb_project=raylab-test",
+            "training.wandb_group=g1",
+            "training.wandb_tags=[a,b]",
+            "training.wandb_notes=hello",
+        ],
+    )
     config = {"algo": {"lr": 0.001}, "training": {"wandb_api_key": "SECRET-KEY"}}
     backend = make_backend(cfg.training, run_dir, config)
     assert isinstance(backend, WandbBackend)
-    backend.log(0, {schema.TRAIN_MEAN_REWARD: 1.5, schema.PERF_TOTAL_FPS: 100.0,
-                    schema.PERF_LEARNER_ROWS_PER_S: 9.0})
+    backend.log(
+        0,
+        {
+            schema.TRAIN_MEAN_REWARD: 1.5,
+            schema.PERF_TOTAL_FPS: 100.0,
+            schema.PERF_LEARNER_ROWS_PER_S: 9.0,
+        },
+    )
     backend.log(5, {schema.TRAIN_MEAN_REWARD: -2.0})
     video = run_dir / "play_video.mp4"
     video.write_bytes(b"\x00\x00\x00\x18ftypmp42")
@@ -161,7 +180,10 @@ def test_wandb_offline_run_files(tmp_path, wandb_env):
     deadline = time.monotonic() + 30.0
     while True:
         records = read_wandb_records(run_files[0])
-        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+        if (
+            any(r.WhichOneof("record_type") == "exit" for r in records)
+            or time.monotonic() > deadline
+        ):
             break
         time.sleep(0.2)
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
@@ -178,10 +200,13 @@ def test_wandb_offline_run_files(tmp_path, wandb_env):
         if r.WhichOneof("record_type") == "history":
             row = {_item_key(i): json.loads(i.value_json) for i in r.history.item}
             history.append(row)
-    scalar_rows = [{k: v for k, v in row.items() if not k.startswith("_") or k == "_step"}
-                   for row in history]
+    scalar_rows = [
+        {k: v for k, v in row.items() if not k.startswith("_") or k == "_step"} for row in history
+    ]
     assert {"_step": 0, "Train/mean_reward": 1.5, "Perf/total_fps": 100.0} in scalar_rows
-    assert any(row.get("_step") == 5 and row.get("Train/mean_reward") == -2.0 for row in scalar_rows)
+    assert any(
+        row.get("_step") == 5 and row.get("Train/mean_reward") == -2.0 for row in scalar_rows
+    )
     assert not any("Perf/learner_rows_per_s" in row for row in history)
     assert any(k.startswith(schema.MEDIA_PLAY_VIDEO + "/") for row in history for k in row)
     uploaded = list(run_files[0].parent.glob("files/media/videos/**/*.mp4"))

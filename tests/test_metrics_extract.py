@@ -24,11 +24,14 @@ def canonical_run(path, steps=(1, 2, 3)):
     rd.write_summary(algo="appo")
     with TensorBoardBackend(path) as backend:
         for s in steps:
-            backend.log(s * 100, {
-                schema.TRAIN_MEAN_REWARD: float(s),
-                schema.PERF_TOTAL_FPS: 1000.0 * s,
-                schema.PERF_LEARNING_TIME: 0.5,
-            })
+            backend.log(
+                s * 100,
+                {
+                    schema.TRAIN_MEAN_REWARD: float(s),
+                    schema.PERF_TOTAL_FPS: 1000.0 * s,
+                    schema.PERF_LEARNING_TIME: 0.5,
+                },
+            )
         backend.log(300, {schema.loss_tag("policy"): float("nan")})
     rd.finish("completed", final_metrics={schema.TRAIN_MEAN_REWARD: 3.0})
     return path
@@ -53,7 +56,12 @@ def test_extract_canonical_run(tmp_path):
     run = canonical_run(tmp_path / "run")
     table = extract(run)
     assert table.schema_version == 1 and not table.legacy_unversioned
-    assert table.tags == ["Loss/policy", "Perf/learning_time", "Perf/total_fps", "Train/mean_reward"]
+    assert table.tags == [
+        "Loss/policy",
+        "Perf/learning_time",
+        "Perf/total_fps",
+        "Train/mean_reward",
+    ]
     assert table.steps == [100, 200, 300]
     assert table.column("Train/mean_reward") == [(100, 1.0), (200, 2.0), (300, 3.0)]
     assert math.isnan(table.values["Loss/policy"][300])
@@ -82,10 +90,16 @@ def test_cli_extract_writes_csv(tmp_path, capsys):
         ({"Perf/total_fps": [(1, 1.0)]}, None, "no run_summary.json"),
         ({"Perf/total_fps": [(1, 1.0)]}, {"status": "completed"}, "missing metric_schema_version"),
         ({"Perf/total_fps": [(1, 1.0)]}, "v2", "unsupported metric_schema_version 2"),
-        ({"Perf/total_fps": [(1, 1.0)], "Perf/mystery_ms": [(1, 1.0)]}, "v1",
-         "unregistered metric tag 'Perf/mystery_ms'"),
-        ({"Perf/total_fps": [(1, 1.0)], "perf/iter_ms": [(1, 5.0)]}, "v1",
-         "mixed canonical and legacy tags"),
+        (
+            {"Perf/total_fps": [(1, 1.0)], "Perf/mystery_ms": [(1, 1.0)]},
+            "v1",
+            "unregistered metric tag 'Perf/mystery_ms'",
+        ),
+        (
+            {"Perf/total_fps": [(1, 1.0)], "perf/iter_ms": [(1, 5.0)]},
+            "v1",
+            "mixed canonical and legacy tags",
+        ),
         ({"perf/iter_ms": [(1, 5.0)]}, "v1", "retired legacy tag 'perf/iter_ms'"),
         ({"Perf/learning_time_ms": [(1, 5.0)]}, "v1", "wrong unit suffix"),
         ({"Perf/learner_rows_per_s": [(1, 5.0)]}, "v1", "terminal-only tag"),
@@ -94,9 +108,14 @@ def test_cli_extract_writes_csv(tmp_path, capsys):
 )
 def test_extract_fails_closed(tmp_path, tags, summary, message):
     if summary in ("v1", "v2"):
-        summary = {"metric_schema_version": int(summary[1]), "status": "running",
-                   "start_time": "2026-03-09T18:30:00+00:00", "end_time": None,
-                   "runtime_manifest": None, "final_metrics": {}}
+        summary = {
+            "metric_schema_version": int(summary[1]),
+            "status": "running",
+            "start_time": "2026-03-09T18:30:00+00:00",
+            "end_time": None,
+            "runtime_manifest": None,
+            "final_metrics": {},
+        }
     run = raw_run(tmp_path / "run", tags, summary)
     with pytest.raises(MetricSchemaError, match=message):
         extract(run)
@@ -142,8 +161,13 @@ def test_legacy_unversioned_migrates_names_and_units(tmp_path):
         extract(run)  # the default reader never guesses
     table = extract(run, legacy_unversioned=True)
     assert table.legacy_unversioned and table.schema_version == 1
-    assert table.tags == ["Perf/collection_time", "Perf/dp_gradient_sync_ms_per_rank",
-                          "Perf/iteration_time", "Perf/total_fps", "Train/mean_reward"]
+    assert table.tags == [
+        "Perf/collection_time",
+        "Perf/dp_gradient_sync_ms_per_rank",
+        "Perf/iteration_time",
+        "Perf/total_fps",
+        "Train/mean_reward",
+    ]
     assert table.column("Perf/iteration_time") == [(1, 1.5), (2, 2.5)]  # ms -> s
     assert table.column("Perf/dp_gradient_sync_ms_per_rank") == [(2, 250.0)]  # s -> ms
     assert table.column("Perf/collection_time") == [(2, 0.25)]
@@ -154,7 +178,10 @@ def test_legacy_unversioned_migrates_names_and_units(tmp_path):
 def test_legacy_unversioned_cli(tmp_path, capsys):
     run = raw_run(tmp_path / "old", LEGACY)
     out = tmp_path / "legacy.csv"
-    assert raylab_main(["metrics", "extract", str(run), "--legacy-unversioned", "--csv", str(out)]) == 0
+    assert (
+        raylab_main(["metrics", "extract", str(run), "--legacy-unversioned", "--csv", str(out)])
+        == 0
+    )
     assert "migrated from legacy tags" in capsys.readouterr().out
     assert "Perf/iteration_time" in out.read_text().splitlines()[0]
 
@@ -162,10 +189,26 @@ def test_legacy_unversioned_cli(tmp_path, capsys):
 @pytest.mark.parametrize(
     "tags, summary, message",
     [
-        ({"perf/iter_ms": [(1, 1.0)], "Perf/total_fps": [(1, 1.0)]}, None, "canonical tag 'Perf/total_fps' present"),
-        ({"perf/iter_ms": [(1, 1.0)], "reward/alive": [(1, 1.0)]}, None, "canonical tag 'reward/alive'"),
-        ({"perf/iter_ms": [(1, 1.0)], "custom/thing": [(1, 1.0)]}, None, "'custom/thing' is neither"),
-        ({"perf/iter_ms": [(1, 1.0)]}, {"metric_schema_version": 1}, "has a metric_schema_version stamp"),
+        (
+            {"perf/iter_ms": [(1, 1.0)], "Perf/total_fps": [(1, 1.0)]},
+            None,
+            "canonical tag 'Perf/total_fps' present",
+        ),
+        (
+            {"perf/iter_ms": [(1, 1.0)], "reward/alive": [(1, 1.0)]},
+            None,
+            "canonical tag 'reward/alive'",
+        ),
+        (
+            {"perf/iter_ms": [(1, 1.0)], "custom/thing": [(1, 1.0)]},
+            None,
+            "'custom/thing' is neither",
+        ),
+        (
+            {"perf/iter_ms": [(1, 1.0)]},
+            {"metric_schema_version": 1},
+            "has a metric_schema_version stamp",
+        ),
         ({"timing/learner_incremental_h2d_ms": [(1, 1.0)]}, None, "maps per algorithm"),
     ],
 )
@@ -176,11 +219,15 @@ def test_legacy_unversioned_fails_closed(tmp_path, tags, summary, message):
 
 
 def test_legacy_per_algorithm_mapping_reads_run_config(tmp_path):
-    run = raw_run(tmp_path / "appo", {"timing/learner_incremental_h2d_ms": [(1, 4.0)]},
-                  config={"algo": {"name": "appo"}})
+    run = raw_run(
+        tmp_path / "appo",
+        {"timing/learner_incremental_h2d_ms": [(1, 4.0)]},
+        config={"algo": {"name": "appo"}},
+    )
     assert extract(run, legacy_unversioned=True).tags == ["Perf/learner_replay_stage_ms"]
-    run = raw_run(tmp_path / "sac", {"timing/learner_incremental_h2d_ms": [(1, 4.0)]},
-                  config={"algo": "sac"})
+    run = raw_run(
+        tmp_path / "sac", {"timing/learner_incremental_h2d_ms": [(1, 4.0)]}, config={"algo": "sac"}
+    )
     assert extract(run, legacy_unversioned=True).tags == ["Perf/replay_ingress_h2d_submit_ms"]
 
 

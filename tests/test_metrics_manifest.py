@@ -14,8 +14,13 @@ from raylab.metrics.manifest import build_manifest, validate_manifest
 from raylab.metrics.rundir import RunDirectory, read_summary
 from raylab.metrics.schema import MetricSchemaError
 
-NODE = {"node_id": "n1", "node_ip": "10.0.0.1", "hostname": "box", "alive": True,
-        "resources": {"CPU": 16.0, "GPU": 1.0}}
+NODE = {
+    "node_id": "n1",
+    "node_ip": "10.0.0.1",
+    "hostname": "box",
+    "alive": True,
+    "resources": {"CPU": 16.0, "GPU": 1.0},
+}
 
 
 def plain_manifest(**over):
@@ -23,12 +28,25 @@ def plain_manifest(**over):
         cluster_resources={"CPU": 16.0, "GPU": 1.0},
         nodes=[NODE],
         env_runners=[
-            {"index": i, "node_id": "n1", "device": "cpu", "num_envs": 64, "num_threads": 4,
-             "pid": 100 + i}
+            {
+                "index": i,
+                "node_id": "n1",
+                "device": "cpu",
+                "num_envs": 64,
+                "num_threads": 4,
+                "pid": 100 + i,
+            }
             for i in range(2)
         ],
-        learners=[{"index": 0, "node_id": "n1", "device": "cuda:0", "accelerator_ids": ["0"],
-                   "kind": "learner"}],
+        learners=[
+            {
+                "index": 0,
+                "node_id": "n1",
+                "device": "cuda:0",
+                "accelerator_ids": ["0"],
+                "kind": "learner",
+            }
+        ],
         envs_per_runner=64,
         threads_per_runner=4,
         sim_backend="mujoco",
@@ -52,9 +70,19 @@ def test_build_manifest_from_plain_data():
 
 def test_stable_and_experimental_fields_are_declared():
     stable = {k for k, v in manifest.MANIFEST_FIELDS.items() if v[0] == "stable"}
-    assert {"schema_version", "ray_version", "cluster_resources", "nodes", "env_runners",
-            "learners", "envs_per_runner", "threads_per_runner", "sim_backend",
-            "sim_backend_device", "counters"} <= stable
+    assert {
+        "schema_version",
+        "ray_version",
+        "cluster_resources",
+        "nodes",
+        "env_runners",
+        "learners",
+        "envs_per_runner",
+        "threads_per_runner",
+        "sim_backend",
+        "sim_backend_device",
+        "counters",
+    } <= stable
     assert manifest.MANIFEST_FIELDS["experimental"][0] == "experimental"
     m = plain_manifest(experimental={"anything": [1, 2]}, shutdown={"classification": "normal"})
     validate_manifest(m)

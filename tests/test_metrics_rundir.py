@@ -49,8 +49,11 @@ def test_existing_run_dir_is_never_reused(tmp_path, cfg):
 
 def test_log_dir_is_exact_and_must_not_exist(tmp_path):
     target = tmp_path / "my_run"
-    c = compose("ppo", "microduck_balance", overrides=[f"training.log_dir={target}",
-                                                       f"training.log_root={tmp_path}/ignored"])
+    c = compose(
+        "ppo",
+        "microduck_balance",
+        overrides=[f"training.log_dir={target}", f"training.log_root={tmp_path}/ignored"],
+    )
     assert resolve_run_dir(c) == target and target.is_dir()
     with pytest.raises(UserError, match=f"training.log_dir={target} already exists") as e:
         resolve_run_dir(c)
@@ -60,8 +63,12 @@ def test_log_dir_is_exact_and_must_not_exist(tmp_path):
 
 def test_gym_ids_become_safe_folder_names(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cfg = {"task": "ns/Env-v0", "sim": "mujoco", "algo": {"algo_log_name": "appo"},
-           "training": {"log_dir": None, "log_root": None}}
+    cfg = {
+        "task": "ns/Env-v0",
+        "sim": "mujoco",
+        "algo": {"algo_log_name": "appo"},
+        "training": {"log_dir": None, "log_root": None},
+    }
     path = resolve_run_dir(cfg, now=NOW, create=False)
     assert path == tmp_path / "logs/appo/ns_Env-v0/2026-03-09_18-30-00_mujoco"
     assert not path.exists()
@@ -112,8 +119,13 @@ def test_killed_writer_leaves_a_complete_file(tmp_path):
 def test_run_config_is_redacted(tmp_path, cfg):
     rd = RunDirectory(tmp_path)
     config = {
-        "training": {"wandb_api_key": "abc123", "wandb_project": "p", "Auth_Token": "t",
-                     "nested": [{"db_password": "pw", "ok": 1}], "client_secret": None},
+        "training": {
+            "wandb_api_key": "abc123",
+            "wandb_project": "p",
+            "Auth_Token": "t",
+            "nested": [{"db_password": "pw", "ok": 1}],
+            "client_secret": None,
+        },
         "algo": {"lr": 0.1},
     }
     rd.write_config(config)
@@ -136,14 +148,18 @@ def test_summary_lifecycle(tmp_path):
     assert s["metric_schema_version"] == schema.METRIC_SCHEMA_VERSION == 1
     assert s["status"] == "running" and s["end_time"] is None
     rd.update_summary(env_steps=1000, final_metrics={schema.PERF_TOTAL_FPS: 123.5})
-    done = rd.finish("completed", final_metrics={
-        schema.TRAIN_MEAN_REWARD: 250.0, schema.loss_tag("critic"): float("nan")})
+    done = rd.finish(
+        "completed",
+        final_metrics={schema.TRAIN_MEAN_REWARD: 250.0, schema.loss_tag("critic"): float("nan")},
+    )
     on_disk = read_summary(tmp_path)
     assert on_disk == done
     assert on_disk["status"] == "completed" and on_disk["end_time"] is not None
     assert on_disk["env_steps"] == 1000 and on_disk["algo"] == "sac"
     assert on_disk["final_metrics"] == {"Loss/critic": None, "Train/mean_reward": 250.0}
-    assert datetime.fromisoformat(on_disk["start_time"]) <= datetime.fromisoformat(on_disk["end_time"])
+    assert datetime.fromisoformat(on_disk["start_time"]) <= datetime.fromisoformat(
+        on_disk["end_time"]
+    )
     # a fresh RunDirectory object (e.g. a resumed driver) continues from the file
     again = RunDirectory(tmp_path).update_summary(status="interrupted")
     assert again["start_time"] == on_disk["start_time"] and again["algo"] == "sac"
@@ -185,8 +201,14 @@ def _write(tmp_path, obj) -> Path:
 
 
 def _valid():
-    return {"metric_schema_version": 1, "status": "running", "start_time": "2026-03-09T18:30:00+00:00",
-            "end_time": None, "runtime_manifest": None, "final_metrics": {}}
+    return {
+        "metric_schema_version": 1,
+        "status": "running",
+        "start_time": "2026-03-09T18:30:00+00:00",
+        "end_time": None,
+        "runtime_manifest": None,
+        "final_metrics": {},
+    }
 
 
 @pytest.mark.parametrize(

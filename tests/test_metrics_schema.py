@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from raylab.metrics import schema
-from raylab.metrics.cli import default_docs_path, main as metrics_main, render_docs
+from raylab.metrics.cli import default_docs_path, render_docs
+from raylab.metrics.cli import main as metrics_main
 from raylab.metrics.schema import MetricSchemaError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -20,21 +21,43 @@ REPO = Path(__file__).resolve().parents[1]
 def test_version_and_required_tags_registered():
     assert schema.METRIC_SCHEMA_VERSION == 1
     required = [
-        "Train/mean_reward", "Train/mean_episode_length", "Episode/timeout_rate",
-        "Perf/total_fps", "Perf/collection_time", "Perf/learning_time", "Perf/iteration_time",
-        "Perf/learner_collector_wait_ms", "Perf/learner_inference_ms",
-        "Perf/learner_inference_h2d_ms", "Perf/learner_inference_forward_ms",
-        "Perf/learner_inference_d2h_ms", "Perf/learner_collector_release_ms",
-        "Perf/learner_replay_batch_wait_ms", "Perf/learner_replay_stage_ms",
-        "Perf/learner_replay_sample_ms", "Perf/learner_weight_publish_ms",
-        "Perf/replay_ingress_h2d_submit_ms", "Perf/dp_gradient_sync_ms_per_rank",
-        "Perf/dp_gradient_sync_calls_per_rank", "Perf/learner_episode_transfer_ms",
-        "Perf/weight_broadcast_ms", "Perf/learner_ingest_ms", "Perf/env_runner_restarts", "Perf/learner_rows_per_s",
-        "Perf/learner_updates_per_s", "Perf/policy_staleness", "Perf/replay_buffer_size",
-        "Perf/collector_env_step_ms", "Perf/collector_mlp_infer_ms",
-        "Perf/collector_replay_write_ms", "Perf/collector_inference_request_ms",
+        "Train/mean_reward",
+        "Train/mean_episode_length",
+        "Episode/timeout_rate",
+        "Perf/total_fps",
+        "Perf/collection_time",
+        "Perf/learning_time",
+        "Perf/iteration_time",
+        "Perf/learner_collector_wait_ms",
+        "Perf/learner_inference_ms",
+        "Perf/learner_inference_h2d_ms",
+        "Perf/learner_inference_forward_ms",
+        "Perf/learner_inference_d2h_ms",
+        "Perf/learner_collector_release_ms",
+        "Perf/learner_replay_batch_wait_ms",
+        "Perf/learner_replay_stage_ms",
+        "Perf/learner_replay_sample_ms",
+        "Perf/learner_weight_publish_ms",
+        "Perf/replay_ingress_h2d_submit_ms",
+        "Perf/dp_gradient_sync_ms_per_rank",
+        "Perf/dp_gradient_sync_calls_per_rank",
+        "Perf/learner_episode_transfer_ms",
+        "Perf/weight_broadcast_ms",
+        "Perf/learner_ingest_ms",
+        "Perf/env_runner_restarts",
+        "Perf/learner_rows_per_s",
+        "Perf/learner_updates_per_s",
+        "Perf/policy_staleness",
+        "Perf/replay_buffer_size",
+        "Perf/collector_env_step_ms",
+        "Perf/collector_mlp_infer_ms",
+        "Perf/collector_replay_write_ms",
+        "Perf/collector_inference_request_ms",
         "Perf/collector_learner_action_wait_ms",
-        "reward/<term>", "Episode_Termination/<term>", "Loss/<name>", "Policy/<name>",
+        "reward/<term>",
+        "Episode_Termination/<term>",
+        "Loss/<name>",
+        "Policy/<name>",
     ]
     missing = [t for t in required if t not in schema.TAGS]
     assert not missing
@@ -77,7 +100,9 @@ def test_spec_fields_and_raylab_specific_phases():
     assert schema.TAGS[schema.PERF_LEARNER_ROWS_PER_S].aggregation == "sum"
     assert schema.TAGS[schema.PERF_REPLAY_INGRESS_H2D_SUBMIT_MS].kind == "background"
     assert schema.TAGS[schema.PERF_LEARNER_INGEST_MS].kind == "background"
-    assert schema.TAGS[schema.PERF_LEARNER_INFERENCE_H2D_MS].parent == schema.PERF_LEARNER_INFERENCE_MS
+    assert (
+        schema.TAGS[schema.PERF_LEARNER_INFERENCE_H2D_MS].parent == schema.PERF_LEARNER_INFERENCE_MS
+    )
     assert schema.TAGS[schema.PERF_COLLECTION_TIME].kind == "collector"
 
 
@@ -85,14 +110,23 @@ def test_learner_main_phases_are_ordered_per_algorithm():
     assert set(schema.LEARNER_MAIN_PHASES) == {"ppo", "appo", "sac"}
     appo = schema.LEARNER_MAIN_PHASES["appo"]
     assert appo[0] == schema.PERF_LEARNER_COLLECTOR_WAIT_MS
-    assert appo.index(schema.PERF_LEARNER_REPLAY_SAMPLE_MS) < appo.index(
-        schema.PERF_LEARNING_TIME) < appo.index(schema.PERF_LEARNER_WEIGHT_PUBLISH_MS)
+    assert (
+        appo.index(schema.PERF_LEARNER_REPLAY_SAMPLE_MS)
+        < appo.index(schema.PERF_LEARNING_TIME)
+        < appo.index(schema.PERF_LEARNER_WEIGHT_PUBLISH_MS)
+    )
     ppo = schema.LEARNER_MAIN_PHASES["ppo"]
-    assert ppo.index(schema.PERF_LEARNER_EPISODE_TRANSFER_MS) < ppo.index(
-        schema.PERF_LEARNER_REPLAY_STAGE_MS) < ppo.index(schema.PERF_LEARNING_TIME)
+    assert (
+        ppo.index(schema.PERF_LEARNER_EPISODE_TRANSFER_MS)
+        < ppo.index(schema.PERF_LEARNER_REPLAY_STAGE_MS)
+        < ppo.index(schema.PERF_LEARNING_TIME)
+    )
     sac = schema.LEARNER_MAIN_PHASES["sac"]
-    assert sac.index(schema.PERF_LEARNER_REPLAY_BATCH_WAIT_MS) < sac.index(
-        schema.PERF_LEARNER_REPLAY_SAMPLE_MS) < sac.index(schema.PERF_LEARNING_TIME)
+    assert (
+        sac.index(schema.PERF_LEARNER_REPLAY_BATCH_WAIT_MS)
+        < sac.index(schema.PERF_LEARNER_REPLAY_SAMPLE_MS)
+        < sac.index(schema.PERF_LEARNING_TIME)
+    )
     assert schema.PERF_LEARNER_REPLAY_STAGE_MS not in sac
     for phases in schema.LEARNER_MAIN_PHASES.values():
         assert schema.PERF_ITERATION_TIME not in phases
@@ -116,14 +150,20 @@ def test_learner_other_is_wall_minus_main_phases_in_seconds():
 
 
 def test_normalize_accepts_numbers_numpy_and_tensors():
-    out = schema.normalize({
-        schema.PERF_TOTAL_FPS: np.float32(1.5),
-        schema.TRAIN_MEAN_REWARD: torch.tensor(2.0),
-        schema.PERF_ENV_RUNNER_RESTARTS: 3,
-        schema.reward_tag("alive"): np.float64(0.25),
-    })
-    assert out == {"Perf/total_fps": 1.5, "Train/mean_reward": 2.0,
-                   "Perf/env_runner_restarts": 3.0, "reward/alive": 0.25}
+    out = schema.normalize(
+        {
+            schema.PERF_TOTAL_FPS: np.float32(1.5),
+            schema.TRAIN_MEAN_REWARD: torch.tensor(2.0),
+            schema.PERF_ENV_RUNNER_RESTARTS: 3,
+            schema.reward_tag("alive"): np.float64(0.25),
+        }
+    )
+    assert out == {
+        "Perf/total_fps": 1.5,
+        "Train/mean_reward": 2.0,
+        "Perf/env_runner_restarts": 3.0,
+        "reward/alive": 0.25,
+    }
     assert all(type(v) is float for v in out.values())
 
 
@@ -134,8 +174,10 @@ def test_normalize_accepts_numbers_numpy_and_tensors():
         ("perf/total_fps", "unregistered metric tag"),
         ("Perf/learning_time_ms", "wrong unit suffix: the canonical tag is 'Perf/learning_time'"),
         ("Perf/iteration_time_s", "wrong unit suffix"),
-        ("Perf/learner_collector_wait_s", "wrong unit suffix: the canonical tag is "
-                                          "'Perf/learner_collector_wait_ms'"),
+        (
+            "Perf/learner_collector_wait_s",
+            "wrong unit suffix: the canonical tag is 'Perf/learner_collector_wait_ms'",
+        ),
         ("Perf/total_fps_ms", "wrong unit suffix"),
         ("Loss/critic_ms", "wrong unit suffix"),
         ("perf/iter_ms", "retired legacy tag 'perf/iter_ms': use 'Perf/iteration_time'"),
@@ -202,11 +244,16 @@ def test_legacy_table_is_data_with_unit_factors():
     assert mig["train/dp_sync_time"].factor == 1000.0
     assert mig["timing/collector_rollout_ms"].canonical == schema.PERF_COLLECTION_TIME
     assert mig["timing/collector_inference_wait_ms"].canonical == (
-        schema.PERF_COLLECTOR_LEARNER_ACTION_WAIT_MS)
+        schema.PERF_COLLECTOR_LEARNER_ACTION_WAIT_MS
+    )
     assert schema.migrate_legacy("timing/learner_incremental_h2d_ms", "appo") == (
-        schema.PERF_LEARNER_REPLAY_STAGE_MS, 1.0)
+        schema.PERF_LEARNER_REPLAY_STAGE_MS,
+        1.0,
+    )
     assert schema.migrate_legacy("timing/learner_incremental_h2d_ms", "sac") == (
-        schema.PERF_REPLAY_INGRESS_H2D_SUBMIT_MS, 1.0)
+        schema.PERF_REPLAY_INGRESS_H2D_SUBMIT_MS,
+        1.0,
+    )
     with pytest.raises(MetricSchemaError, match="per algorithm"):
         schema.migrate_legacy("timing/learner_incremental_h2d_ms")
     assert schema.migrate_legacy("perf/collector_cycle_ms") is None
@@ -235,12 +282,13 @@ def test_no_other_module_spells_a_canonical_tag():
 
 def test_docs_are_generated_from_the_registry_and_current():
     text = render_docs()
-    for name, spec in schema.TAGS.items():
+    for name in schema.TAGS:
         assert f"`{name}`" in text
     for old in schema.LEGACY_MIGRATION:
         assert f"`{old}`" in text
     assert (REPO / "docs" / "metrics.md").read_text(encoding="utf-8") == text, (
-        "docs/metrics.md is stale: run `raylab metrics docs`")
+        "docs/metrics.md is stale: run `raylab metrics docs`"
+    )
     assert default_docs_path() == REPO / "docs" / "metrics.md"
 
 

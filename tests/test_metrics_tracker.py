@@ -104,8 +104,14 @@ def test_scopes_nest_and_named_trackers_prefix():
             t.denominator(n=np.array([True]))
             t.stat(denominator="n", reduce_type="avg", q=np.array([2.0]))
     t.scalar(b=3.0)
-    assert set(final(t)) == {"rollout/sac/a", "rollout/sac/a__count", "rollout/sac/update/n",
-                             "rollout/sac/update/q", "rollout/b", "rollout/b__count"}
+    assert set(final(t)) == {
+        "rollout/sac/a",
+        "rollout/sac/a__count",
+        "rollout/sac/update/n",
+        "rollout/sac/update/q",
+        "rollout/b",
+        "rollout/b__count",
+    }
 
 
 def test_module_level_named_trackers_are_separate():
@@ -181,7 +187,7 @@ def test_merge_is_exact_and_order_independent():
         t = StatsTracker()
         t.denominator(m=mask[lo:hi])
         t.stat(denominator="m", x=data[lo:hi])
-        for v in data[lo:min(hi, 50)]:
+        for v in data[lo : min(hi, 50)]:
             t.scalar(s=v)
         parts.append(t.export())
     assert merge_exports(parts) == expected

@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 
 from raylab.envs import contract
-from raylab.envs.contract import CASES, Case, case_actions, case_params, compare, run_batched, run_reference
+from raylab.envs.contract import (
+    CASES,
+    Case,
+    case_actions,
+    case_params,
+    compare,
+    run_batched,
+    run_reference,
+)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -100,7 +108,9 @@ _V1 = next(c for c in CASES if c.name == "v1")
 def test_a_sequential_sum_instead_of_numpys_pairwise_mean_is_detected(monkeypatch):
     from raylab.envs import microduck_vec as mv
 
-    monkeypatch.setattr(mv, "_mean_square", lambda x: np.array([sum((r * r).tolist()) / r.size for r in x]))
+    monkeypatch.setattr(
+        mv, "_mean_square", lambda x: np.array([sum((r * r).tolist()) / r.size for r in x])
+    )
     c = contract.run_case(_V1)
     assert c.identical_rewards < c.rewards
 

@@ -43,22 +43,31 @@ def test_observation_scale_table_is_float32_and_matches_the_reference():
 
 def test_reward_manager_sums_in_table_order_and_logs_active_envs_only():
     env = SimpleNamespace(a=np.array([1.0, 2.0, 3.0]), b=np.array([10.0, 20.0, 30.0]))
-    rm = RewardManager([RewardTerm("a", lambda e: e.a, 2.0), RewardTerm("b", lambda e: e.b, -0.5)], 3)
+    rm = RewardManager(
+        [RewardTerm("a", lambda e: e.a, 2.0), RewardTerm("b", lambda e: e.b, -0.5)], 3
+    )
     active = np.array([True, True, False])
     total = rm.compute(env, active)
     np.testing.assert_array_equal(total, [2.0 - 5.0, 4.0 - 10.0, 0.0])
     assert rm.step_log(active) == {"reward/a": 3.0, "reward/b": -7.5}
     rm.compute(env, np.array([False, False, True]))
     log = rm.pop_log()
-    assert log == {"reward/a": pytest.approx((2 + 4 + 6) / 3), "reward/b": pytest.approx(-(5 + 10 + 15) / 3)}
+    assert log == {
+        "reward/a": pytest.approx((2 + 4 + 6) / 3),
+        "reward/b": pytest.approx(-(5 + 10 + 15) / 3),
+    }
     assert rm.pop_log() == {}  # nothing since the last pop
 
 
 def test_termination_manager_splits_time_outs_and_counts_per_term():
     env = SimpleNamespace(t=np.array([5, 1, 5, 5]), fell=np.array([False, True, True, False]))
     tm = TerminationManager(
-        [TerminationTerm("time_out", lambda e: e.t >= 5, time_out=True),
-         TerminationTerm("fallen", lambda e: e.fell)], 4)  # fmt: skip
+        [
+            TerminationTerm("time_out", lambda e: e.t >= 5, time_out=True),
+            TerminationTerm("fallen", lambda e: e.fell),
+        ],
+        4,
+    )
     term, trunc = tm.compute(env, np.array([True, True, True, False]))
     np.testing.assert_array_equal(term, [False, True, True, False])
     np.testing.assert_array_equal(trunc, [True, False, True, False])
@@ -95,8 +104,12 @@ def test_command_zero_probability_gives_standing_commands():
 
 def test_event_manager_runs_terms_by_mode_and_refuses_unknown_modes():
     calls = []
-    em = EventManager([EventTerm("a", lambda e, ids: calls.append(("a", ids)), "reset"),
-                       EventTerm("b", lambda e, ids: calls.append(("b", ids)), "step")])  # fmt: skip
+    em = EventManager(
+        [
+            EventTerm("a", lambda e, ids: calls.append(("a", ids)), "reset"),
+            EventTerm("b", lambda e, ids: calls.append(("b", ids)), "step"),
+        ]
+    )
     em.apply("reset", None, [1])
     em.apply("step", None)
     assert calls == [("a", [1]), ("b", None)]

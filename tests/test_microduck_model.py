@@ -6,6 +6,7 @@ import mujoco
 import numpy as np
 import pytest
 
+from raylab.bench.baselines import run_baselines
 from raylab.envs import asset_path
 from raylab.envs.microduck import (
     ACTUATOR_NAMES,
@@ -20,12 +21,16 @@ from raylab.envs.microduck import (
     prototype,
     robot_index,
 )
-from raylab.bench.baselines import run_baselines
 from raylab.envs.microduck_vec import MicroduckBalanceVecEnv
 
 # The servo values of the robot facts (XL330 class), which the model must stand on.
-FACT_SERVO = {"kp": 0.55, "force_limit": 0.96, "damping": 0.053, "frictionloss": 0.0048,
-              "armature": 0.0018}  # fmt: skip
+FACT_SERVO = {
+    "kp": 0.55,
+    "force_limit": 0.96,
+    "damping": 0.053,
+    "frictionloss": 0.0048,
+    "armature": 0.0018,
+}
 # The default task's hold-pose v2 return on seeds 0-4 (100 episodes each) is 303.0 +/- 11.8 over
 # the seed means (docs/envs.md, Baselines); the band asserted below is that measurement +/- 3 sd
 # of a 64-episode mean, not the upstream robot's 130-240 (docs/envs.md says why).
@@ -37,7 +42,11 @@ def test_asset_is_our_own_primitive_mjcf():
     assert "<mesh" not in text and "file=" not in text  # no upstream meshes or includes
     m = prototype("default")
     assert m.nmesh == 0
-    primitives = {mujoco.mjtGeom.mjGEOM_BOX, mujoco.mjtGeom.mjGEOM_CAPSULE, mujoco.mjtGeom.mjGEOM_SPHERE}
+    primitives = {
+        mujoco.mjtGeom.mjGEOM_BOX,
+        mujoco.mjtGeom.mjGEOM_CAPSULE,
+        mujoco.mjtGeom.mjGEOM_SPHERE,
+    }
     floor = m.geom("floor").id
     assert all(int(m.geom_type[g]) in primitives for g in range(m.ngeom) if g != floor)
 
@@ -63,8 +72,10 @@ def test_trunk_sensors_and_stand_keyframe():
     mujoco.mj_resetDataKeyframe(m, d, m.key("stand").id)
     mujoco.mj_forward(m, d)
     assert d.xpos[m.body("trunk").id, 2] == pytest.approx(STAND_HEIGHT, abs=1e-9)
-    sole = min(d.geom_xpos[m.geom(f).id, 2] - m.geom_size[m.geom(f).id, 2]
-               for f in ("left_foot", "right_foot"))  # fmt: skip
+    sole = min(
+        d.geom_xpos[m.geom(f).id, 2] - m.geom_size[m.geom(f).id, 2]
+        for f in ("left_foot", "right_foot")
+    )
     assert abs(sole) < 1e-3  # the feet stand on the floor
     assert m.body_mass.sum() == pytest.approx(0.74, abs=0.01)
 
@@ -123,8 +134,9 @@ def test_domain_randomisation_fits_are_centred_on_the_nominal_servo():
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_holding_the_stand_pose_without_pushes_stands_a_full_episode(variant):
     """At the facts' servo values, with the default initial joint noise, on 16 seeded envs."""
-    env = MicroduckBalanceVecEnv(num_envs=16, num_threads=1, variant=variant, num_pushes=0,
-                                 info_mode="full")  # fmt: skip
+    env = MicroduckBalanceVecEnv(
+        num_envs=16, num_threads=1, variant=variant, num_pushes=0, info_mode="full"
+    )
     env.reset(seed=7)
     heights, upright = [], []
     for _ in range(250):

@@ -58,8 +58,13 @@ def test_thread_count_never_changes_a_bit(mode):
     n, actions = 6, _actions(300, 6, seed=1, amplitude=0.5)
     runs = []
     for t in (1, 2, 4):
-        env = MicroduckBalanceVecEnv(num_envs=n, num_threads=t, allow_overcommit=True,
-                                     autoreset_mode=mode, domain_randomization=True)  # fmt: skip
+        env = MicroduckBalanceVecEnv(
+            num_envs=n,
+            num_threads=t,
+            allow_overcommit=True,
+            autoreset_mode=mode,
+            domain_randomization=True,
+        )
         runs.append(_rollout(env, actions, seed=11))
         env.close()
     base = runs[0]
@@ -236,7 +241,9 @@ def test_mutating_one_envs_masses_leaves_the_others_and_the_prototype_untouched(
 def test_thread_counts_above_the_limit_are_refused_unless_overcommit():
     limit = thread_limit()
     assert limit == min(8, os.cpu_count())
-    with pytest.raises(ValueError, match=rf"num_threads={limit + 1} .*limit of {limit}.*allow_overcommit"):
+    with pytest.raises(
+        ValueError, match=rf"num_threads={limit + 1} .*limit of {limit}.*allow_overcommit"
+    ):
         MicroduckBalanceVecEnv(num_envs=2, num_threads=limit + 1)
     with pytest.raises(ValueError, match="num_threads=9"):
         MicroduckBalanceVecEnv(num_envs=2, num_threads=9)
@@ -253,7 +260,10 @@ def test_thread_counts_above_the_limit_are_refused_unless_overcommit():
         (np.zeros((2, 13)), r"shape \(2, 14\)"),
         (np.zeros(14), r"shape \(2, 14\)"),
         (np.where(np.eye(2, 14) > 0, np.nan, 0.0), r"NaN or Inf in env\(s\) \[0, 1\]"),
-        (np.where(np.arange(28).reshape(2, 14) == 20, np.inf, 0.0), r"NaN or Inf in env\(s\) \[1\]"),
+        (
+            np.where(np.arange(28).reshape(2, 14) == 20, np.inf, 0.0),
+            r"NaN or Inf in env\(s\) \[1\]",
+        ),
     ],
 )
 def test_bad_batched_actions_raise_a_clear_error(bad, match):
@@ -266,7 +276,11 @@ def test_bad_batched_actions_raise_a_clear_error(bad, match):
 
 @pytest.mark.parametrize(
     "bad, match",
-    [(np.zeros(13), r"shape \(14,\)"), (np.full(14, np.nan), "NaN or Inf"), ([np.inf] + [0.0] * 13, "NaN or Inf")],
+    [
+        (np.zeros(13), r"shape \(14,\)"),
+        (np.full(14, np.nan), "NaN or Inf"),
+        ([np.inf] + [0.0] * 13, "NaN or Inf"),
+    ],
 )
 def test_bad_reference_actions_raise_a_clear_error(bad, match):
     env = MicroduckBalanceEnv()
@@ -295,7 +309,10 @@ def test_out_of_range_actions_are_clipped_and_counted_identically():
     [
         ({"reward_version": "v3"}, r"unknown reward_version 'v3'; valid choices: v1, v2"),
         ({"variant": "wings"}, r"unknown variant 'wings'; valid choices: default, backlash, toes"),
-        ({"autoreset_mode": "never"}, r"unknown autoreset_mode 'never'; valid choices: next_step, same_step"),
+        (
+            {"autoreset_mode": "never"},
+            r"unknown autoreset_mode 'never'; valid choices: next_step, same_step",
+        ),
         ({"info_mode": "some"}, r"unknown info_mode 'some'; valid choices: none, full"),
         ({"latency_steps": 3}, r"latency_steps=3 is invalid; valid range: 0..2"),
         ({"num_pushes": 500}, r"num_pushes=500 does not fit"),
@@ -335,8 +352,14 @@ def test_every_config_field_is_an_env_option_with_the_same_default():
 
 
 def test_make_vec_entry_point_under_dict_info_to_list_rllib_style():
-    vec = gym.make_vec(GYM_ID, num_envs=3, vectorization_mode="vector_entry_point", num_threads=2,
-                       episode_steps=30, num_pushes=0)  # fmt: skip
+    vec = gym.make_vec(
+        GYM_ID,
+        num_envs=3,
+        vectorization_mode="vector_entry_point",
+        num_threads=2,
+        episode_steps=30,
+        num_pushes=0,
+    )
     assert vec.metadata["autoreset_mode"] == gym.vector.AutoresetMode.NEXT_STEP
     assert vec.single_observation_space.shape == (48,)
     assert vec.action_space.shape == (3, 14)
@@ -353,12 +376,18 @@ def test_make_vec_entry_point_under_dict_info_to_list_rllib_style():
 
 
 def test_same_step_infos_pass_dict_info_to_list():
-    vec = gym.make_vec(GYM_ID, num_envs=2, vectorization_mode="vector_entry_point",
-                       autoreset_mode="same_step", episode_steps=5, num_pushes=0)  # fmt: skip
+    vec = gym.make_vec(
+        GYM_ID,
+        num_envs=2,
+        vectorization_mode="vector_entry_point",
+        autoreset_mode="same_step",
+        episode_steps=5,
+        num_pushes=0,
+    )
     assert vec.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP
     env = DictInfoToList(vec)
     env.reset(seed=0)
-    for t in range(5):
+    for _ in range(5):
         _, _, _, trunc, infos = env.step(np.zeros((2, 14)))
     assert trunc.all()
     assert all(info["final_obs"].shape == (48,) for info in infos)
@@ -367,8 +396,9 @@ def test_same_step_infos_pass_dict_info_to_list():
 
 def test_full_infos_and_pop_log_agree_with_the_per_term_rewards():
     n = 4
-    vec = MicroduckBalanceVecEnv(num_envs=n, info_mode="full", reward_version="v1", episode_steps=20,
-                                 num_pushes=0)  # fmt: skip
+    vec = MicroduckBalanceVecEnv(
+        num_envs=n, info_mode="full", reward_version="v1", episode_steps=20, num_pushes=0
+    )
     obs, info = vec.reset(seed=0)
     assert len(info["episode_params"]) == n
     sums = {t: 0.0 for t in REWARD_WEIGHTS["v1"]}
@@ -377,7 +407,15 @@ def test_full_infos_and_pop_log_agree_with_the_per_term_rewards():
         obs, rew, term, trunc, info = vec.step(a)
         stepped = info["step"] > 0
         np.testing.assert_array_equal(sum(info["reward_terms"].values()), rew)  # terms add up
-        assert set(info) >= {"trunk_height", "upright_cos", "fallen", "pushed", "step", "reward_terms", "log"}
+        assert set(info) >= {
+            "trunk_height",
+            "upright_cos",
+            "fallen",
+            "pushed",
+            "step",
+            "reward_terms",
+            "log",
+        }
         for t, v in info["reward_terms"].items():
             sums[t] += v[stepped].sum()
             if stepped.any():
@@ -444,6 +482,7 @@ def test_baselines_hold_pose_beats_random():
 
 
 # ------------------------------------------------------------------ post-step sensor pass
+
 
 @pytest.mark.parametrize("variant", ["default", "backlash", "toes"])
 def test_balance_models_use_the_sensor_pass_and_it_equals_mj_forward(variant):

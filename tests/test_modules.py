@@ -21,13 +21,16 @@ def _module(inference_only: bool = False, algo: str = "ppo"):
     cfg = compose(algo, "go2_joystick_flat", "mujoco", ["env.privileged_obs=true"])
     opts = rl_module_options(cfg)
     spec = opts["rl_module_spec"]
-    env = gym.make_vec(cfg.env.gym_id, num_envs=1, vectorization_mode="vector_entry_point",
-                       privileged_obs=True)  # fmt: skip
+    env = gym.make_vec(
+        cfg.env.gym_id, num_envs=1, vectorization_mode="vector_entry_point", privileged_obs=True
+    )
     built = RLModuleSpec(
-        module_class=spec.module_class, observation_space=env.single_observation_space,
-        action_space=env.single_action_space, model_config=spec.model_config,
+        module_class=spec.module_class,
+        observation_space=env.single_observation_space,
+        action_space=env.single_action_space,
+        model_config=spec.model_config,
         inference_only=inference_only,
-    ).build()  # fmt: skip
+    ).build()
     env.close()
     return cfg, built
 
@@ -44,28 +47,42 @@ def test_the_policy_ignores_the_privileged_part_the_critic_does_not():
         a = module.forward_inference({Columns.OBS: obs})[Columns.ACTION_DIST_INPUTS]
         b = module.forward_inference({Columns.OBS: other})[Columns.ACTION_DIST_INPUTS]
         assert torch.equal(a, b)
-        va, vb = module.compute_values({Columns.OBS: obs}), module.compute_values({Columns.OBS: other})
+        va, vb = (
+            module.compute_values({Columns.OBS: obs}),
+            module.compute_values({Columns.OBS: other}),
+        )
         assert not torch.allclose(va, vb)
         train = module.forward_train({Columns.OBS: obs})
         assert torch.equal(train[Columns.ACTION_DIST_INPUTS], a)
-        assert torch.allclose(module.compute_values({Columns.OBS: obs},
-                                                    embeddings=train[Columns.EMBEDDINGS]), va)  # fmt: skip
+        assert torch.allclose(
+            module.compute_values({Columns.OBS: obs}, embeddings=train[Columns.EMBEDDINGS]), va
+        )
         changed = obs.clone()
         changed[:, 0] += 1.0  # a policy entry does move the policy
-        assert not torch.equal(module.forward_inference({Columns.OBS: changed})[Columns.ACTION_DIST_INPUTS], a)
+        assert not torch.equal(
+            module.forward_inference({Columns.OBS: changed})[Columns.ACTION_DIST_INPUTS], a
+        )
 
 
 def test_an_inference_only_module_needs_no_critic():
     _, module = _module(inference_only=True)
     assert module.encoder.critic_encoder is None
-    out = module.forward_exploration({Columns.OBS: torch.zeros(2, module.observation_space.shape[0])})
+    out = module.forward_exploration(
+        {Columns.OBS: torch.zeros(2, module.observation_space.shape[0])}
+    )
     assert out[Columns.ACTION_DIST_INPUTS].shape == (2, 24)
 
 
 def test_privileged_obs_appends_after_the_policy_observation():
-    plain = gym.make_vec("raylab/Go2JoystickFlat-v0", num_envs=3, vectorization_mode="vector_entry_point")
-    priv = gym.make_vec("raylab/Go2JoystickFlat-v0", num_envs=3, vectorization_mode="vector_entry_point",
-                        privileged_obs=True)  # fmt: skip
+    plain = gym.make_vec(
+        "raylab/Go2JoystickFlat-v0", num_envs=3, vectorization_mode="vector_entry_point"
+    )
+    priv = gym.make_vec(
+        "raylab/Go2JoystickFlat-v0",
+        num_envs=3,
+        vectorization_mode="vector_entry_point",
+        privileged_obs=True,
+    )
     a, _ = plain.reset(seed=3)
     b, _ = priv.reset(seed=3)
     for _ in range(5):
@@ -93,7 +110,9 @@ def test_appo_target_policy_sees_only_the_policy_part():
         b = module.forward_target({Columns.OBS: other})[TARGET_NETWORK_ACTION_DIST_INPUTS]
         assert torch.equal(a, b)
         # The target starts as a copy of the policy.
-        assert torch.allclose(a, module.forward_inference({Columns.OBS: obs})[Columns.ACTION_DIST_INPUTS])
+        assert torch.allclose(
+            a, module.forward_inference({Columns.OBS: obs})[Columns.ACTION_DIST_INPUTS]
+        )
 
 
 def test_privileged_obs_is_refused_where_the_policy_would_see_it():
@@ -105,23 +124,38 @@ def test_go2_defaults_to_the_asymmetric_critic_for_ppo_and_appo_only():
     for algo in ("ppo", "appo"):
         cfg = compose(algo, "go2_joystick_flat", "mujoco", [])
         assert cfg.env.privileged_obs is True and cfg.env.num_envs == 32
-        assert rl_module_options(cfg)["rl_module_spec"].module_class.__name__.startswith("Asymmetric")
+        assert rl_module_options(cfg)["rl_module_spec"].module_class.__name__.startswith(
+            "Asymmetric"
+        )
     assert compose("sac", "go2_joystick_flat", "mujoco", []).env.privileged_obs is False
-    assert compose("ppo", "go2_joystick_flat", "mujoco", ["env.privileged_obs=false"]).env.privileged_obs is False
+    assert (
+        compose(
+            "ppo", "go2_joystick_flat", "mujoco", ["env.privileged_obs=false"]
+        ).env.privileged_obs
+        is False
+    )
 
 
 def test_balance_privileged_obs_is_the_same_in_the_reference_and_the_batched_env():
-    vec = gym.make_vec("raylab/MicroduckBalance-v0", num_envs=3,
-                       vectorization_mode="vector_entry_point", privileged_obs=True)  # fmt: skip
+    vec = gym.make_vec(
+        "raylab/MicroduckBalance-v0",
+        num_envs=3,
+        vectorization_mode="vector_entry_point",
+        privileged_obs=True,
+    )
     refs = [gym.make("raylab/MicroduckBalance-v0", privileged_obs=True) for _ in range(3)]
     obs, _ = vec.reset(seed=5)
     assert obs.shape == (3, 52) and vec.actor_obs_dim == 48
-    np.testing.assert_array_equal(obs, np.stack([e.reset(seed=5 + i)[0] for i, e in enumerate(refs)]))
+    np.testing.assert_array_equal(
+        obs, np.stack([e.reset(seed=5 + i)[0] for i, e in enumerate(refs)])
+    )
     rng = np.random.default_rng(0)
     for _ in range(60):
         act = rng.uniform(-1, 1, (3, 14)).astype(np.float32)
         obs, *_ = vec.step(act)
-        np.testing.assert_array_equal(obs, np.stack([e.step(act[i])[0] for i, e in enumerate(refs)]))
+        np.testing.assert_array_equal(
+            obs, np.stack([e.step(act[i])[0] for i, e in enumerate(refs)])
+        )
     # The policy's 48 entries are the plain task's; the last one is the trunk height.
     np.testing.assert_allclose(obs[:, 51], vec.unwrapped.trunk_height, rtol=1e-6)
     vec.close()

@@ -8,7 +8,6 @@ import sys
 import zipfile
 
 import pytest
-
 from conftest import REPO
 
 
@@ -40,9 +39,21 @@ def test_mapped_packages_import_and_no_bare_envs(tmp_path):
 def wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp("wheel")
     r = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(out), str(REPO)],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(REPO),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert r.returncode == 0, r.stderr
     (whl,) = out.glob("raylab-*.whl")
@@ -59,22 +70,41 @@ def test_wheel_layout(wheel):
     shipped = sorted(p.name for p in (REPO / "envs" / "assets").glob("*.xml"))
     assert sorted(n.rsplit("/", 1)[1] for n in xml) == shipped
     # every package folder in the source tree is in the wheel
-    for src, pkg in (("raylab", "raylab"), ("envs", "raylab/envs"), ("algorithms", "raylab/algorithms")):
+    for src, pkg in (
+        ("raylab", "raylab"),
+        ("envs", "raylab/envs"),
+        ("algorithms", "raylab/algorithms"),
+    ):
         for init in (REPO / src).rglob("__init__.py"):
             rel = init.relative_to(REPO / src).as_posix()
-            assert f"{pkg}/{rel}" in names, f"{pkg}/{rel} missing from the wheel (pyproject packages)"
+            assert f"{pkg}/{rel}" in names, (
+                f"{pkg}/{rel} missing from the wheel (pyproject packages)"
+            )
 
 
 def test_wheel_install_finds_assets(wheel, tmp_path):
     target = tmp_path / "site"
     r = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "-q",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert r.returncode == 0, r.stderr
     # Drop the editable install's finder so the wheel's copy is the one imported.
     code = (
-        "import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'Editable' not in type(f).__name__];"
+        "import sys; "
+        "sys.meta_path[:] = [f for f in sys.meta_path if 'Editable' not in type(f).__name__];"
         "import raylab.envs as e; print(e.__file__);"
         "print(sorted(p.name for p in e.ASSETS.glob('*.xml')))"
     )

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
+
 from raylab.metrics import schema as S
 from raylab.metrics.extract import extract
 from raylab.metrics.rundir import read_summary
@@ -29,13 +29,25 @@ BATCH = 200  # env steps per PPO iteration: 100 per EnvRunner
 EVAL_EVERY, EVAL_EPISODES = 5, 4
 TOTAL = 3000  # 15 iterations
 PROBE = [
-    "--algo", "ppo", "--task", "raylab/CountingEpisodes-v0",
-    "env.num_envs=1", "resources.num_env_runners=2", f"env.kwargs.length={L}",
-    f"algo.train_batch_size={BATCH}", "algo.minibatch_size=100", "algo.num_epochs=1",
-    "algo.hidden=[8]", "training.iteration_s=0", f"training.reward_window={WINDOW}",
-    f"training.eval_every={EVAL_EVERY}", f"training.eval_episodes={EVAL_EPISODES}",
-    "training.checkpoint_every=0", "resources.dashboard=false", "training.terminal=plain",
-]  # fmt: skip
+    "--algo",
+    "ppo",
+    "--task",
+    "raylab/CountingEpisodes-v0",
+    "env.num_envs=1",
+    "resources.num_env_runners=2",
+    f"env.kwargs.length={L}",
+    f"algo.train_batch_size={BATCH}",
+    "algo.minibatch_size=100",
+    "algo.num_epochs=1",
+    "algo.hidden=[8]",
+    "training.iteration_s=0",
+    f"training.reward_window={WINDOW}",
+    f"training.eval_every={EVAL_EVERY}",
+    f"training.eval_episodes={EVAL_EPISODES}",
+    "training.checkpoint_every=0",
+    "resources.dashboard=false",
+    "training.terminal=plain",
+]
 
 
 def expected_window(steps: int, window: int = WINDOW, runners: int = 2):
@@ -54,8 +66,9 @@ def expected_window(steps: int, window: int = WINDOW, runners: int = 2):
 @pytest.fixture(scope="module")
 def probe_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("probe") / "run"
-    r = run_cli("train", *PROBE, f"training.total_steps={TOTAL}", f"training.log_dir={run_dir}",
-                timeout=600)  # fmt: skip
+    r = run_cli(
+        "train", *PROBE, f"training.total_steps={TOTAL}", f"training.log_dir={run_dir}", timeout=600
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return run_dir
 
@@ -130,9 +143,13 @@ def test_window_and_best_eval_survive_a_restore(tmp_path):
     from raylab.config import compose
     from raylab.train import algorithm_class
 
-    cfg = compose("ppo", "raylab/CountingEpisodes-v0", "mujoco",
-                  [o for o in PROBE[4:] if "=" in o and not o.startswith("training.terminal")]
-                  + ["resources.num_env_runners=1"])  # fmt: skip
+    cfg = compose(
+        "ppo",
+        "raylab/CountingEpisodes-v0",
+        "mujoco",
+        [o for o in PROBE[4:] if "=" in o and not o.startswith("training.terminal")]
+        + ["resources.num_env_runners=1"],
+    )
     ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
     try:
         config = build_algorithm_config(cfg)
@@ -164,8 +181,15 @@ def test_eval_every_zero(before, tmp_path):
     """training.eval_every=0: only the initial policy's evaluation (or none at all)."""
     run_dir = tmp_path / "run"
     args = [a for a in PROBE if not a.startswith("training.eval_every")]
-    r = run_cli("train", *args, "training.eval_every=0", f"training.eval_before_train={before}",
-                "training.total_steps=600", f"training.log_dir={run_dir}", timeout=600)  # fmt: skip
+    r = run_cli(
+        "train",
+        *args,
+        "training.eval_every=0",
+        f"training.eval_before_train={before}",
+        "training.total_steps=600",
+        f"training.log_dir={run_dir}",
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     evals = dict(extract(run_dir).column(S.EVAL_MEAN_REWARD)) if before else {}
     if before:
@@ -198,9 +222,12 @@ def test_best_checkpoint_is_never_replaced_by_a_worse_one_after_a_resume(tmp_pat
         return SimpleNamespace(path=str(path))
 
     def report(cb, trial, it: int, best):
-        result = {"training_iteration": it, "time_total_s": float(it),
-                  "env_runners": {"num_env_steps_sampled_lifetime": 100 * it},
-                  BEST_EVAL_KEY: {"score": best[0], "iteration": best[1]}}  # fmt: skip
+        result = {
+            "training_iteration": it,
+            "time_total_s": float(it),
+            "env_runners": {"num_env_steps_sampled_lifetime": 100 * it},
+            BEST_EVAL_KEY: {"score": best[0], "iteration": best[1]},
+        }
         trial.last_result = result
         cb.on_trial_result(0, [trial], trial, result)
 

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import copy
-import json
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-
 from conftest import run_cli
+
 from raylab.algorithms.replay import DeviceReplay
 from raylab.algorithms.sac import owed_updates
 from raylab.algorithms.sac_kernel import squashed_gaussian_sample
@@ -44,7 +42,9 @@ def test_replay_ring_wraps_and_keeps_the_newest():
 
 
 def test_replay_sample_draws_only_valid_rows_into_preallocated_tensors():
-    r = DeviceReplay(capacity=100, obs_dim=3, action_dim=1, batch_size=32, device=torch.device("cpu"))
+    r = DeviceReplay(
+        capacity=100, obs_dim=3, action_dim=1, batch_size=32, device=torch.device("cpu")
+    )
     r.add(batch(5, start=40))
     out = r.sample()
     assert out is r.out and out["obs"].shape == (32, 3)
@@ -86,10 +86,16 @@ def learner():
     from raylab.algorithms.build import build_algorithm_config
     from raylab.config import compose
 
-    cfg = compose("sac", "Pendulum-v1", overrides=[
-        "resources.num_learners=0", "algo.hidden=[32,32]", "algo.batch_size=16",
-        "algo.grad_clip=null",
-    ])
+    cfg = compose(
+        "sac",
+        "Pendulum-v1",
+        overrides=[
+            "resources.num_learners=0",
+            "algo.hidden=[32,32]",
+            "algo.batch_size=16",
+            "algo.grad_clip=null",
+        ],
+    )
     learner = build_algorithm_config(cfg).build_learner(env=gym.make("Pendulum-v1"))
     b = batch(64)
     b["obs"] = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
@@ -116,8 +122,12 @@ def _reference_step(module, log_alpha, opts, b, cfg, target_entropy):
     a, lp = squashed_gaussian_sample(module.policy_inputs(b["obs"]))
     # the actor's gradient goes to the policy only: evaluate the critics as constants
     x = torch.cat([b["obs"], a], -1)
-    p1 = torch.func.functional_call(module.qf, {n: t.detach() for n, t in module.qf.named_parameters()}, (x,)).squeeze(-1)
-    p2 = torch.func.functional_call(module.qf_twin, {n: t.detach() for n, t in module.qf_twin.named_parameters()}, (x,)).squeeze(-1)
+    p1 = torch.func.functional_call(
+        module.qf, {n: t.detach() for n, t in module.qf.named_parameters()}, (x,)
+    ).squeeze(-1)
+    p2 = torch.func.functional_call(
+        module.qf_twin, {n: t.detach() for n, t in module.qf_twin.named_parameters()}, (x,)
+    ).squeeze(-1)
     pi_opt.zero_grad()
     (alpha * lp - torch.min(p1, p2)).mean().backward()
     a_opt.zero_grad()
@@ -137,7 +147,11 @@ def test_fused_update_equals_the_loss_by_loss_update(learner):
     ref_alpha = learner.curr_log_alpha["default_policy"].detach().clone().requires_grad_(True)
     lrs = [o.param_groups[0]["lr"] for o in learner._parts.optimizers]
     ref_opts = (
-        torch.optim.Adam(list(ref_module.qf.parameters()) + list(ref_module.qf_twin.parameters()), lr=lrs[0], eps=1e-7),
+        torch.optim.Adam(
+            list(ref_module.qf.parameters()) + list(ref_module.qf_twin.parameters()),
+            lr=lrs[0],
+            eps=1e-7,
+        ),
         torch.optim.Adam(ref_module.pi.parameters(), lr=lrs[1], eps=1e-7),
         torch.optim.Adam([ref_alpha], lr=lrs[2], eps=1e-7),
     )
@@ -147,8 +161,14 @@ def test_fused_update_equals_the_loss_by_loss_update(learner):
         torch.manual_seed(7)
         learner._fused_update(b)
         torch.manual_seed(7)
-        _reference_step(ref_module, ref_alpha, ref_opts, b, learner.config,
-                        learner.target_entropy["default_policy"])
+        _reference_step(
+            ref_module,
+            ref_alpha,
+            ref_opts,
+            b,
+            learner.config,
+            learner.target_entropy["default_policy"],
+        )
     for (name, p), rp in zip(module.named_parameters(), ref_module.parameters()):
         assert torch.allclose(p, rp, atol=1e-6, rtol=1e-5), name
     assert torch.allclose(learner.curr_log_alpha["default_policy"], ref_alpha, atol=1e-6)
@@ -165,9 +185,17 @@ def test_fused_update_keeps_statistics_on_the_device_until_read(learner):
 def _sac_run(tmp_path, seconds, extra=()):
     run_dir = tmp_path / "run"
     r = run_cli(
-        "train", "--algo", "sac", "--task", "Pendulum-v1", f"training.log_dir={run_dir}",
-        f"training.time_budget_s={seconds}", "resources.dashboard=false",
-        "training.terminal=plain", *extra, timeout=1500,
+        "train",
+        "--algo",
+        "sac",
+        "--task",
+        "Pendulum-v1",
+        f"training.log_dir={run_dir}",
+        f"training.time_budget_s={seconds}",
+        "resources.dashboard=false",
+        "training.terminal=plain",
+        *extra,
+        timeout=1500,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return run_dir
@@ -175,10 +203,17 @@ def _sac_run(tmp_path, seconds, extra=()):
 
 @pytest.mark.slow
 def test_two_learners_all_reduce_gradients(tmp_path):
-    run_dir = _sac_run(tmp_path, 25, [
-        "resources.num_learners=2", "env.num_envs=2", "algo.learning_starts=100",
-        "algo.batch_size=64", "algo.hidden=[64,64]",
-    ])
+    run_dir = _sac_run(
+        tmp_path,
+        25,
+        [
+            "resources.num_learners=2",
+            "env.num_envs=2",
+            "algo.learning_starts=100",
+            "algo.batch_size=64",
+            "algo.hidden=[64,64]",
+        ],
+    )
     table = extract(run_dir)
     for tag in (S.PERF_DP_GRADIENT_SYNC_MS_PER_RANK, S.PERF_DP_GRADIENT_SYNC_CALLS_PER_RANK):
         assert tag in table.tags, tag
@@ -191,10 +226,16 @@ def test_two_learners_all_reduce_gradients(tmp_path):
 @pytest.mark.slow
 def test_sac_solves_pendulum_within_20k_env_steps(tmp_path):
     # Solved: the mean return of the latest 10 episodes (the reward window) reaches -250.
-    run_dir = _sac_run(tmp_path, 900, [
-        "env.num_envs=1", "training.total_steps=20000", "training.stop_reward=-250",
-        "training.reward_window=10",
-    ])
+    run_dir = _sac_run(
+        tmp_path,
+        900,
+        [
+            "env.num_envs=1",
+            "training.total_steps=20000",
+            "training.stop_reward=-250",
+            "training.reward_window=10",
+        ],
+    )
     table = extract(run_dir)
     curve = [(s, v) for s, v in table.column(S.TRAIN_MEAN_REWARD) if v is not None]
     reached = [s for s, v in curve if v >= -250]

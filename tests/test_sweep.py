@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO, run_cli
+
 from raylab.errors import UserError
 from raylab.metrics import schema as S
 from raylab.metrics.extract import extract
@@ -71,8 +71,11 @@ def test_two_trial_sweep_end_to_end(tmp_path):
         name="tiny",
         log_root=str(tmp_path / "sweeps"),
         overrides=[
-            "env.num_envs=4", "algo.train_batch_size=256", "algo.hidden=[32,32]",
-            "resources.dashboard=false", "training.checkpoint_every=2",
+            "env.num_envs=4",
+            "algo.train_batch_size=256",
+            "algo.hidden=[32,32]",
+            "resources.dashboard=false",
+            "training.checkpoint_every=2",
         ],
         search={"algo.lr": {"grid": [3e-4, 1e-3]}},
         scheduler={"type": "fifo"},
@@ -87,7 +90,9 @@ def test_two_trial_sweep_end_to_end(tmp_path):
     assert len(table["trials"]) == 2
     lrs = sorted(t["config"]["algo.lr"] for t in table["trials"])
     assert lrs == [3e-4, 1e-3]
-    assert table["best"] is not None and table["best"]["trial_id"] in {t["trial_id"] for t in table["trials"]}
+    assert table["best"] is not None and table["best"]["trial_id"] in {
+        t["trial_id"] for t in table["trials"]
+    }
     for t in table["trials"]:
         run_dir = Path(t["run_dir"])
         summary = read_summary(run_dir / "run_summary.json")

@@ -14,8 +14,15 @@ from raylab import terminal as T
 from raylab.metrics import schema as S
 
 REPO = Path(__file__).resolve().parents[1]
-LEARNER_ONLY = ("Collector Wait", "Episode Transfer", "Replay Stage", "Replay Sample", "Learning",
-                "Weight Publish", "Other")
+LEARNER_ONLY = (
+    "Collector Wait",
+    "Episode Transfer",
+    "Replay Stage",
+    "Replay Sample",
+    "Learning",
+    "Weight Publish",
+    "Other",
+)
 
 
 def capture(renderable, width: int) -> str:
@@ -63,9 +70,16 @@ def timing_metrics(**extra):
 
 # ------------------------------------------------------------------------------ width tiers
 
+
 def test_tier_boundaries():
     assert [T.tier_of(w) for w in (60, 95, 96, 119, 120, 200)] == [
-        "narrow", "narrow", "compact", "compact", "wide", "wide"]
+        "narrow",
+        "narrow",
+        "compact",
+        "compact",
+        "wide",
+        "wide",
+    ]
 
 
 def test_narrow_tier_stacks_sections_and_has_one_timing_column():
@@ -130,6 +144,7 @@ def test_precision_drops_before_labels_at_narrow_width():
 
 # ------------------------------------------------------------------------------ learner column
 
+
 @pytest.mark.parametrize("algo", S.ALGORITHMS)
 @pytest.mark.parametrize("width", [80, 100, 140])
 def test_learner_shares_add_to_100_within_rounding(algo, width):
@@ -157,13 +172,19 @@ def test_other_is_wall_minus_main_phases_and_each_share_uses_the_wall():
 
 def test_nested_background_and_collector_times_are_not_in_the_learner_sum():
     panel = T.TerminalPanel(system("appo"))
-    panel.add_sample(timing_metrics(**{
-        S.PERF_LEARNER_REPLAY_SAMPLE_MS: 50.0,  # an APPO main phase (episode transfer is not)
-        S.PERF_DP_GRADIENT_SYNC_MS_PER_RANK: 200.0,  # nested in Learning
-        S.PERF_LEARNER_INGEST_MS: 300.0,  # background
-        S.PERF_COLLECTION_TIME: 5.0,  # collector clock
-        S.PERF_COLLECTOR_ENV_STEP_MS: 400.0,
-    }), 0.0)
+    panel.add_sample(
+        timing_metrics(
+            **{
+                # an APPO main phase (episode transfer is not)
+                S.PERF_LEARNER_REPLAY_SAMPLE_MS: 50.0,
+                S.PERF_DP_GRADIENT_SYNC_MS_PER_RANK: 200.0,  # nested in Learning
+                S.PERF_LEARNER_INGEST_MS: 300.0,  # background
+                S.PERF_COLLECTION_TIME: 5.0,  # collector clock
+                S.PERF_COLLECTOR_ENV_STEP_MS: 400.0,
+            }
+        ),
+        0.0,
+    )
     text = capture(panel.render(140, 0.0), 140)
     assert row(text, "Other") == (150.0, 15.0)
     assert row(text, "Grad Sync/rank") == (200.0, None)
@@ -207,6 +228,7 @@ def test_every_timing_tag_has_a_label():
 
 # ------------------------------------------------------------------------------ collector column
 
+
 def test_ppo_and_appo_collector_shows_milliseconds_without_shares():
     for algo in ("ppo", "appo"):
         text = frame(algo, 140)
@@ -235,8 +257,9 @@ def test_quiet_collector_diagnostics_show_only_above_one_percent():
     text = frame("appo", 140)
     assert "Backend Step" in text and "Apply Action" not in text and "Action Validate" not in text
     panel, now = T.example_panel("appo")
-    panel.add_sample({S.PERF_COLLECTOR_ENV_STEP_MS: 1.0, S.PERF_COLLECTOR_APPLY_ACTION_MS: 0.1},
-                     now)  # window mean: 0.041 of 1.63 ms, 2.5%
+    panel.add_sample(
+        {S.PERF_COLLECTOR_ENV_STEP_MS: 1.0, S.PERF_COLLECTOR_APPLY_ACTION_MS: 0.1}, now
+    )  # window mean: 0.041 of 1.63 ms, 2.5%
     assert "Apply Action" in capture(panel.render(140, now), 140)
     # SAC: quiet cycle phase (Metrics Publish: 0.004 of a 2.6 ms cycle) against the cycle
     assert "Metrics Publish" not in frame("sac", 140)
@@ -249,54 +272,99 @@ def test_quiet_collector_diagnostics_show_only_above_one_percent():
 
 # ------------------------------------------------------------------------------ system, header
 
+
 def test_system_column_and_gpu_title():
-    panel = T.TerminalPanel(system("sac", runners=3, envs_per_runner=32, learners=2,
-                                   gpus_per_learner=1.0))
+    panel = T.TerminalPanel(
+        system("sac", runners=3, envs_per_runner=32, learners=2, gpus_per_learner=1.0)
+    )
     panel.add_sample({S.PERF_REPLAY_BUFFER_SIZE: 250_000.0, S.EPISODE_TIMEOUT_RATE: 0.25}, 0.0)
     text = capture(panel.render(140, 0.0), 140)
     assert "GPUs 2" in text.splitlines()[0]
-    for label, value in (("Envs", "96"), ("Envs/Runner", "32"), ("Runners", "3"),
-                         ("Learners", "2"), ("Devices", "2 GPU"), ("Buffer", "250,000"),
-                         ("Timeout", "25.0%")):
+    for label, value in (
+        ("Envs", "96"),
+        ("Envs/Runner", "32"),
+        ("Runners", "3"),
+        ("Learners", "2"),
+        ("Devices", "2 GPU"),
+        ("Buffer", "250,000"),
+        ("Timeout", "25.0%"),
+    ):
         assert re.search(rf"{re.escape(label)} +{re.escape(value)}(?!\S)", text), label
     appo = capture(T.TerminalPanel(system("appo")).render(140, 0.0), 140)
     assert "Buffer" not in appo and "GPUs 0" in appo.splitlines()[0]
 
 
 def test_system_facts_come_from_the_composed_config():
-    config = {"algo": {"name": "appo"}, "task": "go2_joystick_flat", "env": {"num_envs": 128},
-              "resources": {"num_env_runners": 2, "num_learners": 0},
-              "training": {"terminal": "off"}}
+    config = {
+        "algo": {"name": "appo"},
+        "task": "go2_joystick_flat",
+        "env": {"num_envs": 128},
+        "resources": {"num_env_runners": 2, "num_learners": 0},
+        "training": {"terminal": "off"},
+    }
     info = T.SystemInfo.from_config(config, num_gpus_per_learner=1.0)
     assert (info.algo, info.task, info.envs, info.envs_per_runner, info.runners) == (
-        "appo", "go2_joystick_flat", 256, 128, 2)
+        "appo",
+        "go2_joystick_flat",
+        256,
+        128,
+        2,
+    )
     assert info.gpus == 1.0 and info.devices == "1 GPU"
     assert T.make_reporter(config, 1.0, console=Console(file=io.StringIO())).mode == "off"
 
 
 def test_header_shows_job_totals_and_progress():
     panel = T.TerminalPanel(system())
-    panel.add_sample({S.PERF_TOTAL_FPS: 40_000.0, S.PERF_LEARNER_ROWS_PER_S: 30_000.0}, 10.0,
-                     iteration=7, env_steps=123_456, time_total_s=65.0)
-    panel.add_sample({S.PERF_TOTAL_FPS: 50_000.0, S.PERF_LEARNER_ROWS_PER_S: 32_000.0}, 11.0,
-                     iteration=8, env_steps=173_456, time_total_s=66.0)
+    panel.add_sample(
+        {S.PERF_TOTAL_FPS: 40_000.0, S.PERF_LEARNER_ROWS_PER_S: 30_000.0},
+        10.0,
+        iteration=7,
+        env_steps=123_456,
+        time_total_s=65.0,
+    )
+    panel.add_sample(
+        {S.PERF_TOTAL_FPS: 50_000.0, S.PERF_LEARNER_ROWS_PER_S: 32_000.0},
+        11.0,
+        iteration=8,
+        env_steps=173_456,
+        time_total_s=66.0,
+    )
     text = capture(panel.render(140, 11.5), 140)
-    for field in ("Iter 8", "Steps 173,456", "Steps/s 45,000", "Rows/s 31,000", "Elapsed 0:01:06",
-                  "Avg 2s (n=2)", "APPO · microduck_balance"):
+    for field in (
+        "Iter 8",
+        "Steps 173,456",
+        "Steps/s 45,000",
+        "Rows/s 31,000",
+        "Elapsed 0:01:06",
+        "Avg 2s (n=2)",
+        "APPO · microduck_balance",
+    ):
         assert field in text, field
 
 
 def test_metrics_and_rewards_use_short_stable_labels():
     values = {
-        S.TRAIN_MEAN_REWARD: 12.5, S.TRAIN_MEAN_EPISODE_LENGTH: 100.0,
-        S.loss_tag("value"): 0.5, S.loss_tag("policy"): 0.25, S.loss_tag("my_aux"): 1.0,
-        S.policy_tag("grad_norm"): 2.0, S.policy_tag("entropy"): 3.0,
-        S.reward_tag("upright"): 0.75, S.reward_tag("alive"): 1.0,
+        S.TRAIN_MEAN_REWARD: 12.5,
+        S.TRAIN_MEAN_EPISODE_LENGTH: 100.0,
+        S.loss_tag("value"): 0.5,
+        S.loss_tag("policy"): 0.25,
+        S.loss_tag("my_aux"): 1.0,
+        S.policy_tag("grad_norm"): 2.0,
+        S.policy_tag("entropy"): 3.0,
+        S.reward_tag("upright"): 0.75,
+        S.reward_tag("alive"): 1.0,
         S.termination_tag("fell"): 3.0,
     }
     assert [k for k, _ in T.metric_rows(values)] == [
-        "Mean Reward", "Ep Length", "Policy Loss", "Value Loss", "My Aux Loss", "Entropy",
-        "Grad Norm"]
+        "Mean Reward",
+        "Ep Length",
+        "Policy Loss",
+        "Value Loss",
+        "My Aux Loss",
+        "Entropy",
+        "Grad Norm",
+    ]
     assert T.reward_rows(values) == [("alive", 1.0), ("upright", 0.75)]
     panel = T.TerminalPanel(system())
     panel.add_sample(values, 0.0)
@@ -307,8 +375,15 @@ def test_metrics_and_rewards_use_short_stable_labels():
 
 def test_the_latest_evaluation_is_shown_until_the_next_one():
     panel = T.TerminalPanel(system())
-    panel.add_sample({S.TRAIN_MEAN_REWARD: 10.0, S.EVAL_MEAN_REWARD: 40.0, S.EVAL_SURVIVAL: 0.5,
-                      S.PERF_EVALUATION_MS: 2500.0}, 0.0)  # fmt: skip
+    panel.add_sample(
+        {
+            S.TRAIN_MEAN_REWARD: 10.0,
+            S.EVAL_MEAN_REWARD: 40.0,
+            S.EVAL_SURVIVAL: 0.5,
+            S.PERF_EVALUATION_MS: 2500.0,
+        },
+        0.0,
+    )
     panel.add_sample({S.TRAIN_MEAN_REWARD: 11.0}, 10.0)  # later samples carry no evaluation
     snap = panel.snapshot(10.0)
     assert snap.values[S.EVAL_MEAN_REWARD] == 40.0  # outside the 2 s window, still shown
@@ -334,6 +409,7 @@ def test_number_format():
 
 
 # ------------------------------------------------------------------------------ the 2 s window
+
 
 def test_window_mean_drops_samples_older_than_two_seconds():
     w = T.SampleWindow(2.0)
@@ -383,6 +459,7 @@ def test_header_counts_the_samples_in_the_window():
 
 # ------------------------------------------------------------------------------ reporter modes
 
+
 class Clock:
     def __init__(self):
         self.t = 0.0
@@ -392,8 +469,11 @@ class Clock:
 
 
 def result(i: int) -> dict:
-    return {"training_iteration": i, "time_total_s": float(i),
-            "env_runners": {"num_env_steps_sampled_lifetime": 1000 * i}}
+    return {
+        "training_iteration": i,
+        "time_total_s": float(i),
+        "env_runners": {"num_env_steps_sampled_lifetime": 1000 * i},
+    }
 
 
 def test_not_a_tty_prints_a_compact_line_every_few_seconds():
@@ -403,13 +483,17 @@ def test_not_a_tty_prints_a_compact_line_every_few_seconds():
     assert reporter.mode == "plain"
     for i in range(1, 8):
         clock.t = float(i - 1)
-        reporter(None, result(i), {S.PERF_TOTAL_FPS: 1000.0, S.TRAIN_MEAN_REWARD: 5.0,
-                                   S.PERF_ITERATION_TIME: 1.0})
+        reporter(
+            None,
+            result(i),
+            {S.PERF_TOTAL_FPS: 1000.0, S.TRAIN_MEAN_REWARD: 5.0, S.PERF_ITERATION_TIME: 1.0},
+        )
     reporter.close()
     lines = out.getvalue().splitlines()
     assert len(lines) == 3  # at t=0 and t=5, then the summary
-    assert lines[0] == ("raylab iter 1  steps 1,000  Steps/s 1,000  reward 5.000  "
-                        "iter_wall 1.00s  elapsed 0:00:01")
+    assert lines[0] == (
+        "raylab iter 1  steps 1,000  Steps/s 1,000  reward 5.000  iter_wall 1.00s  elapsed 0:00:01"
+    )
     assert lines[1].startswith("raylab iter 6  steps 6,000  ")
     assert lines[2].startswith("raylab: 7 iterations, 7,000 env steps in 0:00:07")
     assert "\x1b" not in out.getvalue()
@@ -445,8 +529,9 @@ def test_off_mode_shows_nothing_and_bad_modes_fail():
 
 
 def test_reporter_pickles_to_a_plain_reporter():
-    reporter = T.TerminalReporter(system(), "live",
-                                  console=Console(file=io.StringIO(), force_terminal=True))
+    reporter = T.TerminalReporter(
+        system(), "live", console=Console(file=io.StringIO(), force_terminal=True)
+    )
     reporter(None, result(1), {S.TRAIN_MEAN_REWARD: 5.0})
     copy = pickle.loads(pickle.dumps(reporter))
     reporter.close()
@@ -461,12 +546,14 @@ def test_summary_without_iterations():
 
 # ------------------------------------------------------------------------------ docs
 
+
 @pytest.mark.parametrize("algo,width", [("appo", 80), ("appo", 100), ("appo", 140), ("sac", 140)])
 def test_docs_show_the_current_capture_of_each_tier(algo, width):
     docs = (REPO / "docs" / "terminal.md").read_text(encoding="utf-8")
     assert frame(algo, width).rstrip("\n") in docs, (
         f"docs/terminal.md is stale: paste `python -m raylab.terminal --width {width} "
-        f"--algo {algo}`")
+        f"--algo {algo}`"
+    )
 
 
 def test_docs_show_the_current_plain_line_and_summary():

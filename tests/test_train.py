@@ -13,8 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import RAYLAB, run_cli
+
 from raylab.metrics import schema as S
 from raylab.metrics.extract import extract
 from raylab.metrics.manifest import validate_manifest
@@ -41,9 +41,17 @@ COMMON = [
 def train_run(tmp_path_factory, algo: str, task: str, seconds: int, extra=()) -> Path:
     run_dir = tmp_path_factory.mktemp(f"{algo}_{task.replace('/', '_')}") / "run"
     r = run_cli(
-        "train", "--algo", algo, "--task", task,
-        f"training.log_dir={run_dir}", f"training.time_budget_s={seconds}",
-        "env.num_envs=4", *COMMON, *FAST[algo], *extra,
+        "train",
+        "--algo",
+        algo,
+        "--task",
+        task,
+        f"training.log_dir={run_dir}",
+        f"training.time_budget_s={seconds}",
+        "env.num_envs=4",
+        *COMMON,
+        *FAST[algo],
+        *extra,
         timeout=600,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -67,8 +75,9 @@ def runs(tmp_path_factory):
     return get
 
 
-@pytest.fixture(scope="module", params=[(a, t) for t in TASKS for a in ALGOS],
-                ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(
+    scope="module", params=[(a, t) for t in TASKS for a in ALGOS], ids=lambda p: f"{p[0]}-{p[1]}"
+)
 def pendulum_run(request, runs):
     algo, task = request.param
     return algo, runs(algo, task)
@@ -80,8 +89,10 @@ def test_run_writes_canonical_event_files(pendulum_run):
     assert table.tags, "no metrics were written"
     for tag in table.tags:
         assert S.is_canonical(tag), tag
-        assert algo in S.spec_of(tag).algorithms or not S.spec_of(tag).algorithms or tag in (
-            S.PERF_ENV_RUNNER_RESTARTS,
+        assert (
+            algo in S.spec_of(tag).algorithms
+            or not S.spec_of(tag).algorithms
+            or tag in (S.PERF_ENV_RUNNER_RESTARTS,)
         ), (algo, tag)
     # x-axis: env steps sampled, strictly increasing
     assert table.steps == sorted(set(table.steps)) and table.steps[-1] > 0
@@ -157,7 +168,9 @@ def test_evaluation_during_training(pendulum_run):
     trained = {s: v for s, v in evals.items() if s > 0}
     best = summary["best_eval"]
     assert best["score"] == pytest.approx(max(trained.values()), rel=1e-6)
-    assert best["env_steps"] in trained and trained[best["env_steps"]] == pytest.approx(best["score"])
+    assert best["env_steps"] in trained and trained[best["env_steps"]] == pytest.approx(
+        best["score"]
+    )
     assert Path(best["checkpoint"]).is_dir() and Path(best["checkpoint"]).name == "best"
 
 
@@ -167,8 +180,17 @@ def test_raylab_eval_reproduces_the_evaluation_during_training(runs):
     move between the evaluation and the checkpoint (APPO's and SAC's learner threads do)."""
     run_dir = runs("ppo", "microduck_balance")
     best = read_summary(run_dir)["best_eval"]
-    r = run_cli("eval", str(run_dir), "--checkpoint", "best", "--episodes", str(EVAL_EPISODES),
-                "--seed", "1000", timeout=300)  # fmt: skip
+    r = run_cli(
+        "eval",
+        str(run_dir),
+        "--checkpoint",
+        "best",
+        "--episodes",
+        str(EVAL_EPISODES),
+        "--seed",
+        "1000",
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads((run_dir / "eval.json").read_text())
     assert out["mean_return"] == pytest.approx(best["score"], rel=1e-9, abs=1e-9)
@@ -188,8 +210,13 @@ def test_eval_video_renders_one_episode_offscreen(runs):
 
     run_dir = runs("ppo", "microduck_balance")
     env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY")}
-    r = subprocess.run([RAYLAB, "eval", str(run_dir), "--episodes", "1", "--video"],
-                       capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [RAYLAB, "eval", str(run_dir), "--episodes", "1", "--video"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads((run_dir / "eval.json").read_text())
     video = Path(out["video"])
@@ -207,8 +234,9 @@ def test_plot_of_a_robot_run_draws_the_cached_baselines(runs, tmp_path):
     run_dir = runs("ppo", "microduck_balance")
     out = tmp_path / "curve.png"
     cache = tmp_path / "cache"
-    r = run_cli("plot", str(run_dir), "--out", str(out), env={"XDG_CACHE_HOME": str(cache)},
-                timeout=600)  # fmt: skip
+    r = run_cli(
+        "plot", str(run_dir), "--out", str(out), env={"XDG_CACHE_HOME": str(cache)}, timeout=600
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The lines are the evaluation code's hold-pose and random scores, computed once, cached.
@@ -232,8 +260,13 @@ def test_eval_refuses_a_checkpoint_of_another_algorithm(runs):
 
 def test_gpu_requested_without_gpu_is_one_line(tmp_path):
     r = run_cli(
-        "train", "--task", "Pendulum-v1", "resources.num_gpus_per_learner=1",
-        "resources.dashboard=false", f"training.log_dir={tmp_path / 'run'}", timeout=300,
+        "train",
+        "--task",
+        "Pendulum-v1",
+        "resources.num_gpus_per_learner=1",
+        "resources.dashboard=false",
+        f"training.log_dir={tmp_path / 'run'}",
+        timeout=300,
     )
     assert r.returncode == 2
     last = r.stderr.strip().splitlines()[-1]
@@ -273,19 +306,39 @@ def test_appo_beats_holding_the_pose_within_10_minutes(tmp_path):
 
     run_dir = tmp_path / "run"
     r = run_cli(
-        "train", "--algo", "appo", "--task", "microduck_balance",
-        f"training.log_dir={run_dir}", "training.time_budget_s=600",
-        "training.total_steps=1000000000", "resources.dashboard=false", "training.terminal=plain",
+        "train",
+        "--algo",
+        "appo",
+        "--task",
+        "microduck_balance",
+        f"training.log_dir={run_dir}",
+        "training.time_budget_s=600",
+        "training.total_steps=1000000000",
+        "resources.dashboard=false",
+        "training.terminal=plain",
         timeout=1200,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    hold = baseline_scores(compose("appo", "microduck_balance"), episodes=LEARNING_EPISODES,
-                           seed=1000, cache_dir=tmp_path / "cache")["hold_pose"]["mean_return"]  # fmt: skip
-    r = run_cli("eval", str(run_dir), "--checkpoint", "best", "--episodes", str(LEARNING_EPISODES),
-                timeout=600)  # fmt: skip
+    hold = baseline_scores(
+        compose("appo", "microduck_balance"),
+        episodes=LEARNING_EPISODES,
+        seed=1000,
+        cache_dir=tmp_path / "cache",
+    )["hold_pose"]["mean_return"]
+    r = run_cli(
+        "eval",
+        str(run_dir),
+        "--checkpoint",
+        "best",
+        "--episodes",
+        str(LEARNING_EPISODES),
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads((run_dir / "eval.json").read_text())["mean_return"]
     curve = dict(extract(run_dir).column(S.EVAL_MEAN_REWARD))
-    print(f"hold-pose {hold:.1f}; best checkpoint {got:.1f} ({got / hold:.2f}x); "
-          f"Eval/mean_reward during training: {curve}")
+    print(
+        f"hold-pose {hold:.1f}; best checkpoint {got:.1f} ({got / hold:.2f}x); "
+        f"Eval/mean_reward during training: {curve}"
+    )
     assert got >= LEARNING_RATIO * hold, (got, hold, curve)

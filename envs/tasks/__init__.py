@@ -99,7 +99,9 @@ class JoystickConfig(EnvConfig):
     init_noise: float = _f(0.05, "uniform initial joint noise (rad), clamped to joint limits")
     push_vel: float = _f(0.0, "push: uniform +/- this (m/s) added to the trunk's vx, vy (0: off)")
     push_interval_s: List[float] = _range(5.0, 10.0, "time between pushes, drawn per push (s)")
-    domain_randomization: bool = _f(False, "randomise floor friction, masses, kp and kd per episode")
+    domain_randomization: bool = _f(
+        False, "randomise floor friction, masses, kp and kd per episode"
+    )
     positive_reward: bool = _f(
         True, "clip each step's reward (0.02 x weighted sum) at 0, so falling never pays"
     )
@@ -219,9 +221,18 @@ register_task(
             # Exploration: std 1 at the start (init_log_std -1 settles on standing still) and
             # no entropy bonus (with actions clipped to [-1, 1] a bonus grows the std without
             # bound and the mean action stops being a controller); see docs/envs.md.
-            "ppo": {"lr": 5e-4, "gamma": 0.99, "lambda_": 0.95, "train_batch_size": 8192,
-                    "minibatch_size": 1024, "num_epochs": 5, "entropy_coeff": 0.0,
-                    "init_log_std": 0.0, "hidden": [256, 128], "activation": "tanh"},
+            "ppo": {
+                "lr": 5e-4,
+                "gamma": 0.99,
+                "lambda_": 0.95,
+                "train_batch_size": 8192,
+                "minibatch_size": 1024,
+                "num_epochs": 5,
+                "entropy_coeff": 0.0,
+                "init_log_std": 0.0,
+                "hidden": [256, 128],
+                "activation": "tanh",
+            },
             "appo": {"lr": 3e-4, "hidden": [256, 128]},
             "sac": {"hidden": [256, 256]},
         },
@@ -245,9 +256,15 @@ register_task(
         config_cls=MicroduckJoystickConfig,
         description="14-servo duck robot walking on (vx, vy, yaw rate) commands",
         algo_defaults={
-            "ppo": {"lr": 5e-4, "train_batch_size": 8192, "minibatch_size": 1024,
-                    "num_epochs": 5, "entropy_coeff": 0.0, "init_log_std": 0.0,
-                    "hidden": [256, 128]},
+            "ppo": {
+                "lr": 5e-4,
+                "train_batch_size": 8192,
+                "minibatch_size": 1024,
+                "num_epochs": 5,
+                "entropy_coeff": 0.0,
+                "init_log_std": 0.0,
+                "hidden": [256, 128],
+            },
             "appo": {"lr": 3e-4, "hidden": [256, 128]},
         },
         env_defaults=ROBOT_ENV_DEFAULTS,

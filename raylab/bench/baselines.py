@@ -68,10 +68,15 @@ def run_baselines(
                 assert trunc.all()
                 upright_end = float(np.mean(~info["fallen"]))
                 env.close()
-                per_seed.append({"seed": s, "return_mean": float(ret.mean()),
-                                 "return_sd": float(ret.std()),
-                                 "survival": float(np.mean(alive / steps)),
-                                 "upright_at_end": upright_end})  # fmt: skip
+                per_seed.append(
+                    {
+                        "seed": s,
+                        "return_mean": float(ret.mean()),
+                        "return_sd": float(ret.std()),
+                        "survival": float(np.mean(alive / steps)),
+                        "upright_at_end": upright_end,
+                    }
+                )
             means = np.array([p["return_mean"] for p in per_seed])
             out[f"{version}/{policy}"] = {
                 "return_mean_over_seeds": float(means.mean()),
@@ -94,13 +99,20 @@ def _parse_option(text: str):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="raylab bench baselines", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="raylab bench baselines", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--episodes", type=int, default=100)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="runs/bench/microduck_baselines.json")
-    ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                    help="env option, e.g. --option push_vel_max=0.9 (repeatable)")  # fmt: skip
+    ap.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="env option, e.g. --option push_vel_max=0.9 (repeatable)",
+    )
     args = ap.parse_args(argv)
     options = dict(_parse_option(o) for o in args.option)
     command = "raylab bench baselines " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -109,9 +121,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     report = run_baselines(args.episodes, args.seeds, args.threads, **options)
     for key, v in report.items():
         if "/" in key:
-            print(f"{key:<18} return {v['return_mean_over_seeds']:7.1f} "
-                  f"± {v['return_sd_over_seed_means']:.1f} (sd over seed means)  "
-                  f"survival {v['survival']:.3f}  upright at end {v['upright_at_end']:.3f}")  # fmt: skip
+            print(
+                f"{key:<18} return {v['return_mean_over_seeds']:7.1f} "
+                f"± {v['return_sd_over_seed_means']:.1f} (sd over seed means)  "
+                f"survival {v['survival']:.3f}  upright at end {v['upright_at_end']:.3f}"
+            )
     report["command"] = command
     report["seconds"] = time.perf_counter() - t0
     report["machine"] = machine_info()

@@ -91,10 +91,16 @@ def guard(
     refs = [float(r) for r in refs]
     if len(refs) < 2:
         return {
-            "verdict": "unchecked", "unstable": False, "trending": False, "refs": refs,
-            "drifts": drifts(refs), "max_abs_drift": 0.0, "trends": [],
-            "drift_limit": drift_limit, "trend_limit": trend_limit,
-        }  # fmt: skip
+            "verdict": "unchecked",
+            "unstable": False,
+            "trending": False,
+            "refs": refs,
+            "drifts": drifts(refs),
+            "max_abs_drift": 0.0,
+            "trends": [],
+            "drift_limit": drift_limit,
+            "trend_limit": trend_limit,
+        }
     d = drifts(refs)
     max_abs = max(abs(x) for x in d)
     trends = find_trends(refs, trend_limit)
@@ -316,18 +322,27 @@ def finish_result(result: Dict[str, Any], verdict: str, guard_info: Optional[dic
 
 # Keys every result has, and per kind the keys of its body (and of each of its rows).
 _COMMON = {
-    "schema": str, "kind": str, "command": str, "created": str, "params": dict,
-    "machine": dict, "machine_check": dict, "verdict": str, "duration_s": (int, float),
+    "schema": str,
+    "kind": str,
+    "command": str,
+    "created": str,
+    "params": dict,
+    "machine": dict,
+    "machine_check": dict,
+    "verdict": str,
+    "duration_s": (int, float),
     "loadavg_after": list,
-}  # fmt: skip
+}
 _BODY = {
-    "env_sweep": ("rows", ("threads", "env_steps_per_s", "per_thread", "speedup", "efficiency",
-                           "drift_after")),
+    "env_sweep": (
+        "rows",
+        ("threads", "env_steps_per_s", "per_thread", "speedup", "efficiency", "drift_after"),
+    ),
     "env_sustained": ("windows", ("window", "env_steps_per_s")),
     "compare": ("rows", ("workers", "backend", "env_steps_per_s")),
     "train": ("runs", ("contender", "env_steps_per_s", "updates_per_s")),
     "sampler": ("rows", ("contender", "round", "env_steps_per_s")),
-}  # fmt: skip
+}
 VERDICTS = ("stable", "trending", "unstable", "unchecked")
 
 
@@ -349,7 +364,9 @@ def validate_result(result: Mapping[str, Any]) -> None:
     if result["kind"] not in KINDS:
         raise ResultSchemaError(f"result kind {result['kind']!r}; valid: {', '.join(KINDS)}")
     if result["verdict"] not in VERDICTS:
-        raise ResultSchemaError(f"result verdict {result['verdict']!r}; valid: {', '.join(VERDICTS)}")
+        raise ResultSchemaError(
+            f"result verdict {result['verdict']!r}; valid: {', '.join(VERDICTS)}"
+        )
     for key in ("cpu_count", "loadavg"):
         if key not in result["machine"]:
             raise ResultSchemaError(f"result machine has no '{key}'")
@@ -404,8 +421,11 @@ def load_result(path: str | os.PathLike) -> Dict[str, Any]:
 
 def print_check(check: Mapping[str, Any], out=sys.stdout) -> None:
     load = check["loadavg"]
-    print(f"machine: load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
-          f"{check['usable_cores']} usable core(s)", file=out)  # fmt: skip
+    print(
+        f"machine: load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
+        f"{check['usable_cores']} usable core(s)",
+        file=out,
+    )
     for w in check["warnings"]:
         print(f"  warning: {w}", file=out)
 
@@ -449,7 +469,9 @@ def positive(kind: type, name: str):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a {kind.__name__}, got {text!r}")
+            raise argparse.ArgumentTypeError(
+                f"{name} must be a {kind.__name__}, got {text!r}"
+            ) from None
         if value <= 0:
             raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text}")
         return value

@@ -36,8 +36,15 @@ ACTION_TABLE = 64  # action batches in the replayed table
 class Contender:
     """A named step function over ``num_envs`` envs (plus what to close afterwards)."""
 
-    def __init__(self, name: str, num_envs: int, step: Callable[[], Any], close=None,
-                 child_pids: Sequence[int] = (), threads: int = 1):  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        num_envs: int,
+        step: Callable[[], Any],
+        close=None,
+        child_pids: Sequence[int] = (),
+        threads: int = 1,
+    ):
         self.name, self.num_envs, self.step = name, num_envs, step
         self.child_pids, self.threads = list(child_pids), threads
         self._close = close
@@ -98,8 +105,15 @@ def _check_threads(values: Sequence[int], allow_overcommit: bool) -> None:
             raise UserError(f"{e} (--allow-overcommit)") from None
 
 
-def make_batched(task: str, num_envs: int, threads: int, seed: int, options: Dict[str, Any],
-                 allow_overcommit: bool = False, mode: str = "full") -> Contender:  # fmt: skip
+def make_batched(
+    task: str,
+    num_envs: int,
+    threads: int,
+    seed: int,
+    options: Dict[str, Any],
+    allow_overcommit: bool = False,
+    mode: str = "full",
+) -> Contender:
     """The batched env (``mode="full"``) or its physics alone (``mode="bare"``): N envs x
     ``nsubsteps`` mj_step on the same threads (the env's ``sim``, a ``BatchedMujoco``), each
     env's controls set to the servo targets the env itself computed from the same random
@@ -107,8 +121,14 @@ def make_batched(task: str, num_envs: int, threads: int, seed: int, options: Dic
     physics and a 14-float copy per env)."""
     gym_id = _gym_id(task)
     try:
-        env = gym.make_vec(gym_id, num_envs=num_envs, vectorization_mode="vector_entry_point",
-                           num_threads=threads, allow_overcommit=allow_overcommit, **options)  # fmt: skip
+        env = gym.make_vec(
+            gym_id,
+            num_envs=num_envs,
+            vectorization_mode="vector_entry_point",
+            num_threads=threads,
+            allow_overcommit=allow_overcommit,
+            **options,
+        )
     except (TypeError, ValueError) as e:
         raise UserError(f"bad env option: {str(e).splitlines()[0]}") from None
     env.reset(seed=seed)
@@ -121,8 +141,9 @@ def make_batched(task: str, num_envs: int, threads: int, seed: int, options: Dic
     sim, ctrl = getattr(base, "sim", None), getattr(base, "ctrl", None)
     if not hasattr(sim, "bare_step") or not isinstance(ctrl, np.ndarray):
         env.close()
-        raise UserError(f"task '{task}': its vector env has no BatchedMujoco sim / ctrl; "
-                        "--mode bare needs both")  # fmt: skip
+        raise UserError(
+            f"task '{task}': its vector env has no BatchedMujoco sim / ctrl; --mode bare needs both"
+        )
     # The servo targets the env computes from the same actions, one table entry per step.
     ctrls = []
     for a in actions:
@@ -175,8 +196,9 @@ def _group_factory(gym_id: str, k: int, options: Dict[str, Any]):
     return lambda: EnvGroup(gym_id, k, options)
 
 
-def make_gym_vector(kind: str, task: str, workers: int, envs_per_worker: int, seed: int,
-                    options: Dict[str, Any]) -> Contender:  # fmt: skip
+def make_gym_vector(
+    kind: str, task: str, workers: int, envs_per_worker: int, seed: int, options: Dict[str, Any]
+) -> Contender:
     """Gymnasium's AsyncVectorEnv (``workers`` processes, pipes, observations in shared memory)
     or SyncVectorEnv (one process) of the reference env, ``workers x envs_per_worker`` envs."""
     gym_id = _gym_id(task)
@@ -211,8 +233,13 @@ def _say(msg: str) -> None:
 
 
 def _summary_of(w: Dict[str, float]) -> Dict[str, float]:
-    return {"env_steps_per_s": w["rate"], "env_steps_per_cpu_s": w["cpu_rate"],
-            "wall_s": w["wall_s"], "cpu_s": w["cpu_s"], "steps": w["calls"]}  # fmt: skip
+    return {
+        "env_steps_per_s": w["rate"],
+        "env_steps_per_cpu_s": w["cpu_rate"],
+        "wall_s": w["wall_s"],
+        "cpu_s": w["cpu_s"],
+        "steps": w["calls"],
+    }
 
 
 def run_sweep(
@@ -236,18 +263,33 @@ def run_sweep(
     ref_seconds = ref_seconds or seconds / 2
     _gym_id(task)  # an unknown task fails before anything runs
     _check_threads(list(threads), allow_overcommit)
-    params = dict(task=task, mode=mode, threads=list(threads), num_envs=num_envs,
-                  seconds=seconds, ref_seconds=ref_seconds, with_bare=with_bare, warmup_s=warmup,
-                  seed=seed, options=options, allow_overcommit=allow_overcommit)  # fmt: skip
+    params = dict(
+        task=task,
+        mode=mode,
+        threads=list(threads),
+        num_envs=num_envs,
+        seconds=seconds,
+        ref_seconds=ref_seconds,
+        with_bare=with_bare,
+        warmup_s=warmup,
+        seed=seed,
+        options=options,
+        allow_overcommit=allow_overcommit,
+    )
     check = C.machine_check(max(threads))
     C.print_check(check)
     result = C.new_result("env_sweep", command, params, check)
 
     ref = make_batched(task, num_envs, 1, seed, options, allow_overcommit, mode)
-    rows_c = {t: make_batched(task, num_envs, t, seed, options, allow_overcommit, mode) for t in threads}
+    rows_c = {
+        t: make_batched(task, num_envs, t, seed, options, allow_overcommit, mode) for t in threads
+    }
     bare_c = {}
     if with_bare and mode == "full":
-        bare_c = {t: make_batched(task, num_envs, t, seed, options, allow_overcommit, "bare") for t in threads}
+        bare_c = {
+            t: make_batched(task, num_envs, t, seed, options, allow_overcommit, "bare")
+            for t in threads
+        }
     everything = [ref, *rows_c.values(), *bare_c.values()]
     try:
         for c in everything:
@@ -327,9 +369,19 @@ def run_sustained(
     ref_seconds = ref_seconds or seconds / 2
     _gym_id(task)  # an unknown task fails before anything runs
     _check_threads([threads], allow_overcommit)
-    params = dict(task=task, mode=mode, threads=threads, windows=windows, num_envs=num_envs,
-                  seconds=seconds, ref_seconds=ref_seconds, warmup_s=warmup, seed=seed,
-                  options=options, allow_overcommit=allow_overcommit)  # fmt: skip
+    params = dict(
+        task=task,
+        mode=mode,
+        threads=threads,
+        windows=windows,
+        num_envs=num_envs,
+        seconds=seconds,
+        ref_seconds=ref_seconds,
+        warmup_s=warmup,
+        seed=seed,
+        options=options,
+        allow_overcommit=allow_overcommit,
+    )
     check = C.machine_check(threads)
     C.print_check(check)
     result = C.new_result("env_sustained", command, params, check)
@@ -407,9 +459,18 @@ def run_compare(
     for b in backends:
         if b not in BACKENDS:
             raise UserError(choices_hint(b, BACKENDS, "backend"))
-    params = dict(task=task, workers=workers, envs_per_worker=envs_per_worker, seconds=seconds,
-                  rounds=rounds, backends=list(backends), warmup_s=warmup, seed=seed,
-                  options=options, allow_overcommit=allow_overcommit)  # fmt: skip
+    params = dict(
+        task=task,
+        workers=workers,
+        envs_per_worker=envs_per_worker,
+        seconds=seconds,
+        rounds=rounds,
+        backends=list(backends),
+        warmup_s=warmup,
+        seed=seed,
+        options=options,
+        allow_overcommit=allow_overcommit,
+    )
     check = C.machine_check(max(workers))
     C.print_check(check)
     result = C.new_result("compare", command, params, check)
@@ -418,13 +479,19 @@ def run_compare(
         # Worker processes first: fork before this process starts physics threads.
         if "async" in backends:
             for w in workers:
-                contenders[(w, "async")] = make_gym_vector("async", task, w, envs_per_worker, seed, options)
+                contenders[(w, "async")] = make_gym_vector(
+                    "async", task, w, envs_per_worker, seed, options
+                )
         for w in workers:
             n = w * envs_per_worker
             if "sync" in backends:
-                contenders[(w, "sync")] = make_gym_vector("sync", task, w, envs_per_worker, seed, options)
+                contenders[(w, "sync")] = make_gym_vector(
+                    "sync", task, w, envs_per_worker, seed, options
+                )
             if "batched" in backends:
-                contenders[(w, "batched")] = make_batched(task, n, w, seed, options, allow_overcommit)
+                contenders[(w, "batched")] = make_batched(
+                    task, n, w, seed, options, allow_overcommit
+                )
         order = [(w, b) for w in workers for b in backends]
         for key in order:
             contenders[key].window(warmup)
@@ -433,8 +500,10 @@ def run_compare(
             for key in order if r % 2 == 0 else order[::-1]:
                 w = contenders[key].window(seconds)
                 windows[key].append(_summary_of(w))
-                _say(f"  round {r}  {key[1]:<8} W={key[0]:<2} {w['rate']:>10,.0f} env-steps/s"
-                     f"  ({w['cpu_rate']:,.0f} per CPU-s)")  # fmt: skip
+                _say(
+                    f"  round {r}  {key[1]:<8} W={key[0]:<2} {w['rate']:>10,.0f} env-steps/s"
+                    f"  ({w['cpu_rate']:,.0f} per CPU-s)"
+                )
     finally:
         for c in contenders.values():
             c.close()
@@ -442,13 +511,17 @@ def run_compare(
     rows = []
     for (w, b), ws in windows.items():
         rates = [x["env_steps_per_s"] for x in ws]
-        rows.append({
-            "workers": w, "backend": b, "num_envs": w * envs_per_worker,
-            "env_steps_per_s": float(np.median(rates)),
-            "env_steps_per_cpu_s": float(np.median([x["env_steps_per_cpu_s"] for x in ws])),
-            "windows": rates,
-            "guard": C.guard(rates, drift_limit, trend_limit),
-        })  # fmt: skip
+        rows.append(
+            {
+                "workers": w,
+                "backend": b,
+                "num_envs": w * envs_per_worker,
+                "env_steps_per_s": float(np.median(rates)),
+                "env_steps_per_cpu_s": float(np.median([x["env_steps_per_cpu_s"] for x in ws])),
+                "windows": rates,
+                "guard": C.guard(rates, drift_limit, trend_limit),
+            }
+        )
     by = {(r["workers"], r["backend"]): r for r in rows}
     for r in rows:
         one = by.get((min(workers), r["backend"]))
@@ -486,23 +559,53 @@ def run_compare(
 
 
 def _common_args(p) -> None:
-    p.add_argument("--task", default="microduck_balance",
-                   help=f"task with a batched backend: {', '.join(env_tasks())}")
-    p.add_argument("--seconds", type=C.positive(float, "seconds"), default=10.0,
-                   help="seconds per measured window")
-    p.add_argument("--warmup", type=float, default=1.0,
-                   help="seconds each contender runs before the first measured window")
+    p.add_argument(
+        "--task",
+        default="microduck_balance",
+        help=f"task with a batched backend: {', '.join(env_tasks())}",
+    )
+    p.add_argument(
+        "--seconds",
+        type=C.positive(float, "seconds"),
+        default=10.0,
+        help="seconds per measured window",
+    )
+    p.add_argument(
+        "--warmup",
+        type=float,
+        default=1.0,
+        help="seconds each contender runs before the first measured window",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the envs and the action table")
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="env option, e.g. --option push_vel_max=0.9 (repeatable)")
-    p.add_argument("--allow-overcommit", action="store_true",
-                   help="allow more threads / workers than the thread limit (min(8, cores))")
-    p.add_argument("--drift-limit", type=float, default=C.DRIFT_LIMIT,
-                   help="unstable when a reference differs from the first by more than this")
-    p.add_argument("--trend-limit", type=float, default=C.TREND_LIMIT,
-                   help="trending when 3 consecutive references move one way by more than this")
-    p.add_argument("--out", default=None,
-                   help="result JSON; None: runs/bench/<env_sweep_MODE|env_sustained_MODE|compare>.json")
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="env option, e.g. --option push_vel_max=0.9 (repeatable)",
+    )
+    p.add_argument(
+        "--allow-overcommit",
+        action="store_true",
+        help="allow more threads / workers than the thread limit (min(8, cores))",
+    )
+    p.add_argument(
+        "--drift-limit",
+        type=float,
+        default=C.DRIFT_LIMIT,
+        help="unstable when a reference differs from the first by more than this",
+    )
+    p.add_argument(
+        "--trend-limit",
+        type=float,
+        default=C.TREND_LIMIT,
+        help="trending when 3 consecutive references move one way by more than this",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="result JSON; None: runs/bench/<env_sweep_MODE|env_sustained_MODE|compare>.json",
+    )
 
 
 def env_parser():
@@ -513,21 +616,43 @@ def env_parser():
         "or unstable), or --sustained T: T threads for --windows windows back to back.",
         formatter_class=C.BenchFormatter,
     )
-    p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts of the sweep")
-    p.add_argument("--num-envs", type=C.positive(int, "num-envs"), default=64,
-                   help="envs in the batched env")
-    p.add_argument("--ref-seconds", type=C.positive(float, "ref-seconds"), default=None,
-                   help="seconds per reference window; None: half of --seconds")
-    p.add_argument("--mode", choices=("full", "bare"), default="full",
-                   help="full: the whole env step; bare: physics only (N x 10 mj_step on the "
-                   "same threads)")
-    p.add_argument("--with-bare", action="store_true",
-                   help="full mode: also a bare-physics window at each row's thread count, "
-                   "next to the env's (env/bare ratio from adjacent windows)")
-    p.add_argument("--sustained", type=int, default=None, metavar="T",
-                   help="sustained mode with T threads: --windows windows with no pause; None: the sweep")
-    p.add_argument("--windows", type=C.positive(int, "windows"), default=12,
-                   help="windows of the sustained mode")
+    p.add_argument(
+        "--threads", type=int, nargs="+", default=[1, 2], help="thread counts of the sweep"
+    )
+    p.add_argument(
+        "--num-envs", type=C.positive(int, "num-envs"), default=64, help="envs in the batched env"
+    )
+    p.add_argument(
+        "--ref-seconds",
+        type=C.positive(float, "ref-seconds"),
+        default=None,
+        help="seconds per reference window; None: half of --seconds",
+    )
+    p.add_argument(
+        "--mode",
+        choices=("full", "bare"),
+        default="full",
+        help="full: the whole env step; bare: physics only (N x 10 mj_step on the same threads)",
+    )
+    p.add_argument(
+        "--with-bare",
+        action="store_true",
+        help="full mode: also a bare-physics window at each row's thread count, "
+        "next to the env's (env/bare ratio from adjacent windows)",
+    )
+    p.add_argument(
+        "--sustained",
+        type=int,
+        default=None,
+        metavar="T",
+        help="sustained mode with T threads: --windows windows with no pause; None: the sweep",
+    )
+    p.add_argument(
+        "--windows",
+        type=C.positive(int, "windows"),
+        default=12,
+        help="windows of the sustained mode",
+    )
     _common_args(p)
     return p
 
@@ -540,16 +665,33 @@ def compare_parser():
         "backends alternated window by window; ratios per round and their median.",
         formatter_class=C.BenchFormatter,
     )
-    p.add_argument("--workers", type=int, nargs="+", default=default_workers(),
-                   help="worker counts: threads of the batched env, processes of AsyncVectorEnv "
-                   "(default: 1, 2, 4, 8 up to this machine's cores)")
-    p.add_argument("--envs-per-worker", type=C.positive(int, "envs-per-worker"), default=1,
-                   help="envs per worker (num_envs = workers x this); above 1, each async "
-                   "worker process steps a group of reference envs")
-    p.add_argument("--rounds", type=C.positive(int, "rounds"), default=3,
-                   help="windows per contender (one per round)")
-    p.add_argument("--backends", nargs="+", default=list(BACKENDS),
-                   help=f"backends to measure: {', '.join(BACKENDS)}")
+    p.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=default_workers(),
+        help="worker counts: threads of the batched env, processes of AsyncVectorEnv "
+        "(default: 1, 2, 4, 8 up to this machine's cores)",
+    )
+    p.add_argument(
+        "--envs-per-worker",
+        type=C.positive(int, "envs-per-worker"),
+        default=1,
+        help="envs per worker (num_envs = workers x this); above 1, each async "
+        "worker process steps a group of reference envs",
+    )
+    p.add_argument(
+        "--rounds",
+        type=C.positive(int, "rounds"),
+        default=3,
+        help="windows per contender (one per round)",
+    )
+    p.add_argument(
+        "--backends",
+        nargs="+",
+        default=list(BACKENDS),
+        help=f"backends to measure: {', '.join(BACKENDS)}",
+    )
     _common_args(p)
     p.set_defaults(seconds=5.0)
     return p
@@ -557,14 +699,18 @@ def compare_parser():
 
 def _print_sweep(res: Dict[str, Any]) -> None:
     bare = any("bare" in r for r in res["rows"])
-    head = (f"{'threads':>7} {'env-steps/s':>12} {'per thread':>11} {'speed-up':>9} "
-            f"{'efficiency':>10} {'ref drift':>9}")  # fmt: skip
+    head = (
+        f"{'threads':>7} {'env-steps/s':>12} {'per thread':>11} {'speed-up':>9} "
+        f"{'efficiency':>10} {'ref drift':>9}"
+    )
     if bare:
         head += f" {'bare':>10} {'env/bare':>8}"
     print(head)
     for r in res["rows"]:
-        line = (f"{r['threads']:>7} {r['env_steps_per_s']:>12,.0f} {r['per_thread']:>11,.0f} "
-                f"{r['speedup']:>8.2f}x {r['efficiency']:>10.0%} {C.fmt_pct(r['drift_after']):>9}")  # fmt: skip
+        line = (
+            f"{r['threads']:>7} {r['env_steps_per_s']:>12,.0f} {r['per_thread']:>11,.0f} "
+            f"{r['speedup']:>8.2f}x {r['efficiency']:>10.0%} {C.fmt_pct(r['drift_after']):>9}"
+        )
         if "bare" in r:
             line += f" {r['bare']['env_steps_per_s']:>10,.0f} {r['env_over_bare']:>8.3f}"
         print(line)
@@ -576,9 +722,12 @@ def _print_verdict(res: Dict[str, Any]) -> None:
     if g.get("trends"):
         t = g["trends"][0]
         extra = f"; trend {t['change']:+.1%} over references {t['start']}-{t['end']}"
-    print(f"verdict: {res['verdict']} (max reference drift {g['max_abs_drift']:.1%} against "
-          f"{g['drift_limit']:.0%}{extra}); load average before {res['machine_check']['loadavg'][0]:.2f}, "
-          f"after {res['loadavg_after'][0]:.2f}, {res['machine']['usable_cores']} core(s)")  # fmt: skip
+    print(
+        f"verdict: {res['verdict']} (max reference drift {g['max_abs_drift']:.1%} against "
+        f"{g['drift_limit']:.0%}{extra}); load average before "
+        f"{res['machine_check']['loadavg'][0]:.2f}, "
+        f"after {res['loadavg_after'][0]:.2f}, {res['machine']['usable_cores']} core(s)"
+    )
 
 
 def main_env(argv: Sequence[str]) -> int:
@@ -586,17 +735,29 @@ def main_env(argv: Sequence[str]) -> int:
     options = C.parse_options(args.option)
     command = C.command_line("raylab bench env", argv)
     print(command, flush=True)
-    common = dict(task=args.task, num_envs=args.num_envs, seconds=args.seconds,
-                  ref_seconds=args.ref_seconds, mode=args.mode, warmup=args.warmup, seed=args.seed,
-                  options=options, allow_overcommit=args.allow_overcommit,
-                  drift_limit=args.drift_limit, trend_limit=args.trend_limit, command=command)  # fmt: skip
+    common = dict(
+        task=args.task,
+        num_envs=args.num_envs,
+        seconds=args.seconds,
+        ref_seconds=args.ref_seconds,
+        mode=args.mode,
+        warmup=args.warmup,
+        seed=args.seed,
+        options=options,
+        allow_overcommit=args.allow_overcommit,
+        drift_limit=args.drift_limit,
+        trend_limit=args.trend_limit,
+        command=command,
+    )
     if args.sustained is not None:
         res = run_sustained(threads=args.sustained, windows=args.windows, **common)
         s = res["summary"]
-        print(f"sustained T={args.sustained}: peak {s['peak']:,.0f} (window {s['peak_window']}), "
-              f"min {s['min']:,.0f}, second half {s['second_half_band'][0]:,.0f}-"
-              f"{s['second_half_band'][1]:,.0f} ({s['second_half_spread']:.0%} band), "
-              f"last 3 {s['last3_mean']:,.0f} ({s['last3_vs_peak']:+.1%} vs peak)")  # fmt: skip
+        print(
+            f"sustained T={args.sustained}: peak {s['peak']:,.0f} (window {s['peak_window']}), "
+            f"min {s['min']:,.0f}, second half {s['second_half_band'][0]:,.0f}-"
+            f"{s['second_half_band'][1]:,.0f} ({s['second_half_spread']:.0%} band), "
+            f"last 3 {s['last3_mean']:,.0f} ({s['last3_vs_peak']:+.1%} vs peak)"
+        )
         default_out = f"runs/bench/env_sustained_{args.mode}.json"
     else:
         res = run_sweep(threads=args.threads, with_bare=args.with_bare, **common)
@@ -613,23 +774,48 @@ def main_compare(argv: Sequence[str]) -> int:
     options = C.parse_options(args.option)
     command = C.command_line("raylab bench compare", argv)
     print(command, flush=True)
-    res = run_compare(task=args.task, workers=args.workers, envs_per_worker=args.envs_per_worker,
-                      seconds=args.seconds, rounds=args.rounds, backends=args.backends,
-                      warmup=args.warmup, seed=args.seed, options=options,
-                      allow_overcommit=args.allow_overcommit, drift_limit=args.drift_limit,
-                      trend_limit=args.trend_limit, command=command)  # fmt: skip
-    print(f"{'workers':>7} {'envs':>5} {'backend':<8} {'env-steps/s':>12} {'per CPU-s':>10} "
-          f"{'efficiency':>10}  windows")  # fmt: skip
+    res = run_compare(
+        task=args.task,
+        workers=args.workers,
+        envs_per_worker=args.envs_per_worker,
+        seconds=args.seconds,
+        rounds=args.rounds,
+        backends=args.backends,
+        warmup=args.warmup,
+        seed=args.seed,
+        options=options,
+        allow_overcommit=args.allow_overcommit,
+        drift_limit=args.drift_limit,
+        trend_limit=args.trend_limit,
+        command=command,
+    )
+    print(
+        f"{'workers':>7} {'envs':>5} {'backend':<8} {'env-steps/s':>12} {'per CPU-s':>10} "
+        f"{'efficiency':>10}  windows"
+    )
     for r in res["rows"]:
         eff = f"{r['efficiency']:.0%}" if "efficiency" in r else "-"
         ws = ", ".join(f"{x:,.0f}" for x in r["windows"])
-        print(f"{r['workers']:>7} {r['num_envs']:>5} {r['backend']:<8} {r['env_steps_per_s']:>12,.0f} "
-              f"{r['env_steps_per_cpu_s']:>10,.0f} {eff:>10}  {ws}")  # fmt: skip
+        print(
+            f"{r['workers']:>7} {r['num_envs']:>5} {r['backend']:<8} "
+            f"{r['env_steps_per_s']:>12,.0f} "
+            f"{r['env_steps_per_cpu_s']:>10,.0f} {eff:>10}  {ws}"
+        )
     for w, e in res["ratios"].items():
-        parts = [f"{k.replace('_over_', '/')} {v:.2f}x" for k, v in e.items()
-                 if k.startswith("batched_over_") and not k.endswith(("_per_round", "_cpu"))]  # fmt: skip
-        cpu = [f"{k[:-4].replace('_over_', '/')} {v:.2f}x" for k, v in e.items() if k.endswith("_cpu")]
-        print(f"W={w}: " + ", ".join(parts) + " (median of per-round ratios); per CPU-s: " + ", ".join(cpu))
+        parts = [
+            f"{k.replace('_over_', '/')} {v:.2f}x"
+            for k, v in e.items()
+            if k.startswith("batched_over_") and not k.endswith(("_per_round", "_cpu"))
+        ]
+        cpu = [
+            f"{k[:-4].replace('_over_', '/')} {v:.2f}x" for k, v in e.items() if k.endswith("_cpu")
+        ]
+        print(
+            f"W={w}: "
+            + ", ".join(parts)
+            + " (median of per-round ratios); per CPU-s: "
+            + ", ".join(cpu)
+        )
     _print_verdict(res)
     path = C.save_result(res, args.out or "runs/bench/compare.json")
     print(f"wrote {path}")

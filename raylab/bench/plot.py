@@ -21,8 +21,10 @@ from raylab.errors import UserError
 def _title(res: Dict[str, Any], what: str) -> str:
     load = res["machine_check"]["loadavg"][0]
     after = res["loadavg_after"][0]
-    return (f"{what} | {res['verdict']} | load {load:.2f}->{after:.2f} | "
-            f"{res['machine']['usable_cores']} cores | {res['created'][:16]}")  # fmt: skip
+    return (
+        f"{what} | {res['verdict']} | load {load:.2f}->{after:.2f} | "
+        f"{res['machine']['usable_cores']} cores | {res['created'][:16]}"
+    )
 
 
 def _sweep(ax_rate, ax_eff, res: Dict[str, Any], bare: Optional[Dict[str, Any]]) -> None:
@@ -38,14 +40,26 @@ def _sweep(ax_rate, ax_eff, res: Dict[str, Any], bare: Optional[Dict[str, Any]])
         ax_rate.plot(bt, rates, "s--", label="bare physics (paired windows)")
         one = next((x for x, tt in zip(rates, bt) if tt == 1), None)
         if one:
-            ax_eff.plot(bt, [x / (one * tt) for x, tt in zip(rates, bt)], "s--",
-                        label="bare physics (paired windows)")  # fmt: skip
+            ax_eff.plot(
+                bt,
+                [x / (one * tt) for x, tt in zip(rates, bt)],
+                "s--",
+                label="bare physics (paired windows)",
+            )
     if bare is not None:
         br = bare["rows"]
-        ax_rate.plot([r["threads"] for r in br], [r["env_steps_per_s"] for r in br], "s--",
-                     label="bare physics (separate sweep)")  # fmt: skip
-        ax_eff.plot([r["threads"] for r in br], [r["efficiency"] for r in br], "s--",
-                    label="bare physics (separate sweep)")  # fmt: skip
+        ax_rate.plot(
+            [r["threads"] for r in br],
+            [r["env_steps_per_s"] for r in br],
+            "s--",
+            label="bare physics (separate sweep)",
+        )
+        ax_eff.plot(
+            [r["threads"] for r in br],
+            [r["efficiency"] for r in br],
+            "s--",
+            label="bare physics (separate sweep)",
+        )
     ax_eff.axhline(1.0, color="grey", lw=0.8, ls=":")
     for ax in (ax_rate, ax_eff):
         ax.set_xlabel("threads")
@@ -73,8 +87,12 @@ def plot_result(res: Dict[str, Any], out: Path, bare: Optional[Dict[str, Any]] =
     elif kind == "env_sustained":
         fig, a = plt.subplots(figsize=(8, 3.2))
         w = res["windows"]
-        a.plot([x["window"] for x in w], [x["env_steps_per_s"] for x in w], "o-",
-               label=f"{p['threads']} threads")  # fmt: skip
+        a.plot(
+            [x["window"] for x in w],
+            [x["env_steps_per_s"] for x in w],
+            "o-",
+            label=f"{p['threads']} threads",
+        )
         refs = res["refs"]
         a.plot([-1, len(w)], [r["env_steps_per_s"] for r in refs], "s", label="1-thread reference")
         a.set_xlabel(f"window ({p['seconds']:g} s each, no pause)")
@@ -87,7 +105,12 @@ def plot_result(res: Dict[str, Any], out: Path, bare: Optional[Dict[str, Any]] =
         fig, a = plt.subplots(figsize=(7.5, 3.2))
         for backend in p["backends"]:
             rows = [r for r in res["rows"] if r["backend"] == backend]
-            a.plot([r["workers"] for r in rows], [r["env_steps_per_s"] for r in rows], "o-", label=backend)
+            a.plot(
+                [r["workers"] for r in rows],
+                [r["env_steps_per_s"] for r in rows],
+                "o-",
+                label=backend,
+            )
         a.set_xlabel(f"workers (threads / processes), {p['envs_per_worker']} env(s) each")
         a.set_xticks(p["workers"])
         a.set_ylabel("env-steps/s (median of rounds)")
@@ -100,8 +123,18 @@ def plot_result(res: Dict[str, Any], out: Path, bare: Optional[Dict[str, Any]] =
         med = res["summary"]["median"]
         names = list(med)
         xs = range(len(names))
-        a.bar([x - 0.2 for x in xs], [med[n]["env_steps_per_s"] or 0 for n in names], 0.4, label="env-steps/s")
-        a.bar([x + 0.2 for x in xs], [med[n]["updates_per_s"] or 0 for n in names], 0.4, label="updates/s")
+        a.bar(
+            [x - 0.2 for x in xs],
+            [med[n]["env_steps_per_s"] or 0 for n in names],
+            0.4,
+            label="env-steps/s",
+        )
+        a.bar(
+            [x + 0.2 for x in xs],
+            [med[n]["updates_per_s"] or 0 for n in names],
+            0.4,
+            label="updates/s",
+        )
         a.set_xticks(list(xs))
         a.set_xticklabels(names, fontsize=7)
         a.set_yscale("log")
@@ -128,15 +161,23 @@ def plot_result(res: Dict[str, Any], out: Path, bare: Optional[Dict[str, Any]] =
         fig, a = plt.subplots(figsize=(7.5, 3.2))
         for name in p["contenders"]:
             rows = [r for r in res["rows"] if r["contender"] == name]
-            a.plot([r["round"] for r in rows], [r["env_steps_per_s"] for r in rows], "o-", label=name)
+            a.plot(
+                [r["round"] for r in rows], [r["env_steps_per_s"] for r in rows], "o-", label=name
+            )
         a.set_xlabel("round (windows alternate; order reversed every other round)")
         a.set_xticks(range(p["rounds"]))
         a.set_ylabel("env-steps/s")
         a.set_ylim(bottom=0)
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
-        fig.suptitle(_title(res, f"{p['algo']} EnvRunner sampling on {p['task']}, N={p['num_envs']} "
-                                 f"T={p['num_threads']}"), fontsize=8)  # fmt: skip
+        fig.suptitle(
+            _title(
+                res,
+                f"{p['algo']} EnvRunner sampling on {p['task']}, N={p['num_envs']} "
+                f"T={p['num_threads']}",
+            ),
+            fontsize=8,
+        )
     else:  # validate_result already refused other kinds
         raise UserError(f"cannot plot a result of kind {kind!r}")
     fig.tight_layout()
@@ -153,9 +194,13 @@ def parser():
         formatter_class=C.BenchFormatter,
     )
     p.add_argument("result", metavar="RESULT.json", help="a result written by raylab bench")
-    p.add_argument("--bare", default=None, metavar="BARE.json",
-                   help="env sweep: a --mode bare sweep to draw as the bare-physics line "
-                   "(None: the paired bare windows of a --with-bare sweep, if any)")
+    p.add_argument(
+        "--bare",
+        default=None,
+        metavar="BARE.json",
+        help="env sweep: a --mode bare sweep to draw as the bare-physics line "
+        "(None: the paired bare windows of a --with-bare sweep, if any)",
+    )
     p.add_argument("--out", default=None, help="PNG path; None: RESULT with .png")
     return p
 

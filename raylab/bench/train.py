@@ -49,7 +49,9 @@ SIDES = ("batched", "gym_sync")
 # Throughput runs evaluate nothing (an evaluation pauses the algorithm loop); a benchmark that
 # wants it passes training.eval_every=N (later overrides win).
 BENCH_OVERRIDES = (
-    "resources.dashboard=false", "training.eval_every=0", "training.eval_before_train=false",
+    "resources.dashboard=false",
+    "training.eval_every=0",
+    "training.eval_before_train=false",
 )
 SETTLE_S = 2.0  # pause after a training run, before its reference window
 # End to end, raylab's default path against stock RLlib (PPO / APPO): at least 2x.
@@ -63,9 +65,18 @@ def _say(msg: str) -> None:
 # ------------------------------------------------------------------------- plain torch
 
 
-def torch_sac_update_rate(obs_dim: int, act_dim: int, hidden: Sequence[int], activation: str,
-                          batch_size: int, seconds: float, threads: int = 1, seed: int = 0,
-                          gamma: float = 0.99, tau: float = 0.005) -> Dict[str, float]:  # fmt: skip
+def torch_sac_update_rate(
+    obs_dim: int,
+    act_dim: int,
+    hidden: Sequence[int],
+    activation: str,
+    batch_size: int,
+    seconds: float,
+    threads: int = 1,
+    seed: int = 0,
+    gamma: float = 0.99,
+    tau: float = 0.005,
+) -> Dict[str, float]:
     """Updates/s of a plain PyTorch SAC update (twin critics, tanh-Gaussian actor, temperature;
     Adam; polyak targets) of the given size, on ``threads`` torch threads, batches gathered by
     random index from a preallocated pool as a replay would."""
@@ -144,8 +155,13 @@ def torch_sac_update_rate(obs_dim: int, act_dim: int, hidden: Sequence[int], act
         for _ in range(10):
             update()
         w = C.run_window(update, seconds, 1)
-        return {"updates_per_s": w["rate"], "updates_per_cpu_s": w["cpu_rate"],
-                "updates": w["calls"], "seconds": w["wall_s"], "threads": threads}  # fmt: skip
+        return {
+            "updates_per_s": w["rate"],
+            "updates_per_cpu_s": w["cpu_rate"],
+            "updates": w["calls"],
+            "seconds": w["wall_s"],
+            "threads": threads,
+        }
     finally:
         torch.set_num_threads(old_threads)
 
@@ -206,18 +222,24 @@ def stock_sac_config(cfg):
             rollout_fragment_length=1,
             gym_env_vectorize_mode="vector_entry_point" if cfg.task in TASKS else "sync",
         )
-        .learners(num_learners=r.num_learners, num_gpus_per_learner=0,
-                  num_cpus_per_learner=r.num_cpus_per_learner)  # fmt: skip
+        .learners(
+            num_learners=r.num_learners,
+            num_gpus_per_learner=0,
+            num_cpus_per_learner=r.num_cpus_per_learner,
+        )
         .training(
             **sac_training_kwargs(a),
             training_intensity=stock_sac_training_intensity(cfg),
             replay_buffer_config={"capacity": a.buffer_capacity},
         )
         .rl_module(model_config={"fcnet_hiddens": list(a.hidden), "fcnet_activation": a.activation})
-        .reporting(min_time_s_per_iteration=cfg.training.iteration_s,
-                   metrics_num_episodes_for_smoothing=100,
-                   # iterations end on time, as raylab's SAC's do (stock: >= 100 env steps)
-                   min_sample_timesteps_per_iteration=0, min_train_timesteps_per_iteration=0)  # fmt: skip
+        .reporting(
+            min_time_s_per_iteration=cfg.training.iteration_s,
+            metrics_num_episodes_for_smoothing=100,
+            # iterations end on time, as raylab's SAC's do (stock: >= 100 env steps)
+            min_sample_timesteps_per_iteration=0,
+            min_train_timesteps_per_iteration=0,
+        )
         .debugging(seed=cfg.training.seed, log_level="ERROR")
     )
     return config
@@ -245,7 +267,9 @@ def _updates_and_rows(algo, contender: str, cfg, result: dict):
         return float(status["updates"]), float(status["updates"]) * cfg.algo.batch_size
     rows = _get(result, "learners", "__all_modules__", "num_module_steps_trained_lifetime")
     if not isinstance(rows, (int, float)):
-        rows = _get(result, "learners", "__all_modules__", "num_env_steps_trained_lifetime", default=0)
+        rows = _get(
+            result, "learners", "__all_modules__", "num_env_steps_trained_lifetime", default=0
+        )
     rows = float(rows or 0)
     return rows / rows_per_update(contender, cfg), rows
 
@@ -264,7 +288,9 @@ def phase_shares(metrics: Sequence[Dict[str, float]], algo: str) -> Optional[Dic
         if vals:
             mean[tag] = float(np.mean(vals))
     wall = mean[S.PERF_ITERATION_TIME]
-    shares = {tag: S.to_seconds(tag, v) / wall for tag, v in mean.items() if tag != S.PERF_ITERATION_TIME}
+    shares = {
+        tag: S.to_seconds(tag, v) / wall for tag, v in mean.items() if tag != S.PERF_ITERATION_TIME
+    }
     other = S.learner_other_s(mean, algo)
     shares["Other"] = (other or 0.0) / wall
     return {"iteration_time_s": wall, "shares": shares}
@@ -278,8 +304,12 @@ def _actor_pids(algo):
     if algo.learner_group.is_remote:
         for r in algo.learner_group.foreach_learner(lambda learner: os.getpid()):
             learners.append(int(r.get() if hasattr(r, "get") else r))
-    runners = [int(p) for p in algo.env_runner_group.foreach_env_runner(
-        lambda runner: os.getpid(), local_env_runner=False)]  # fmt: skip
+    runners = [
+        int(p)
+        for p in algo.env_runner_group.foreach_env_runner(
+            lambda runner: os.getpid(), local_env_runner=False
+        )
+    ]
     return learners, runners
 
 
@@ -292,7 +322,9 @@ def stop_algorithm(algo, contender: str, cfg) -> None:
     algo.stop()
 
 
-def train_run(contender: str, cfg, seconds: float, warmup: float, max_warmup: float = 300.0) -> Dict[str, Any]:
+def train_run(
+    contender: str, cfg, seconds: float, warmup: float, max_warmup: float = 300.0
+) -> Dict[str, Any]:
     """Build, warm up, train for ``seconds``; the run's rates and phase shares."""
     from raylab.metrics import schema as S
     from raylab.reporting import canonical_metrics, env_steps
@@ -354,8 +386,12 @@ def train_run(contender: str, cfg, seconds: float, warmup: float, max_warmup: fl
         # from /proc): the cost of the work, much less sensitive to other load than wall rates.
         "learner_cpu_s": learner_cpu if learner_pids else None,
         "env_runner_cpu_s": runner_cpu if runner_pids else None,
-        "updates_per_learner_cpu_s": (u1 - u0) / learner_cpu if learner_pids and learner_cpu > 0 else None,
-        "env_steps_per_runner_cpu_s": (s1 - s0) / runner_cpu if runner_pids and runner_cpu > 0 else None,
+        "updates_per_learner_cpu_s": (u1 - u0) / learner_cpu
+        if learner_pids and learner_cpu > 0
+        else None,
+        "env_steps_per_runner_cpu_s": (s1 - s0) / runner_cpu
+        if runner_pids and runner_cpu > 0
+        else None,
         "phases": phase_shares(metrics, cfg.algo.name) if contender in SIDES else None,
         "collector_ms": collector,
     }
@@ -405,12 +441,23 @@ def run_train_bench(
             contenders.append("stock_sac")
         if torch_limit_s > 0:
             contenders.append("torch_limit")
-    params = dict(algo=algo, task=task, overrides=list(overrides), seconds=seconds, warmup_s=warmup,
-                  rounds=rounds, contenders=contenders, torch_limit_s=torch_limit_s,
-                  ref_seconds=ref_seconds, num_envs=cfg.env.num_envs,
-                  num_threads=physics_threads(cfg), num_env_runners=cfg.resources.num_env_runners,
-                  num_learners=cfg.resources.num_learners, hidden=list(cfg.algo.hidden),
-                  vary=variants)  # fmt: skip
+    params = dict(
+        algo=algo,
+        task=task,
+        overrides=list(overrides),
+        seconds=seconds,
+        warmup_s=warmup,
+        rounds=rounds,
+        contenders=contenders,
+        torch_limit_s=torch_limit_s,
+        ref_seconds=ref_seconds,
+        num_envs=cfg.env.num_envs,
+        num_threads=physics_threads(cfg),
+        num_env_runners=cfg.resources.num_env_runners,
+        num_learners=cfg.resources.num_learners,
+        hidden=list(cfg.algo.hidden),
+        vary=variants,
+    )
     if algo == "sac":
         params["stock_sac_training_intensity"] = stock_sac_training_intensity(cfg)
     rc = cfg.resources
@@ -430,8 +477,13 @@ def run_train_bench(
     def measure_ref(after: Optional[str]):
         if ref is not None:
             w = ref.window(ref_seconds)
-            refs.append({"after_run": after, "env_steps_per_s": w["rate"],
-                         "env_steps_per_cpu_s": w["cpu_rate"]})  # fmt: skip
+            refs.append(
+                {
+                    "after_run": after,
+                    "env_steps_per_s": w["rate"],
+                    "env_steps_per_cpu_s": w["cpu_rate"],
+                }
+            )
             _say(f"  reference (batched env, 1 thread, 16 envs) {w['rate']:,.0f} env-steps/s")
 
     runs: List[Dict[str, Any]] = []
@@ -443,21 +495,33 @@ def run_train_bench(
         for r in range(rounds):
             for name in contenders if r % 2 == 0 else contenders[::-1]:
                 if name == "torch_limit":
-                    out = {"contender": name, **torch_sac_update_rate(
-                        space[0], space[1], list(cfg.algo.hidden), cfg.algo.activation,
-                        cfg.algo.batch_size, torch_limit_s,
-                        threads=max(1, int(cfg.resources.num_cpus_per_learner)))}  # fmt: skip
+                    out = {
+                        "contender": name,
+                        **torch_sac_update_rate(
+                            space[0],
+                            space[1],
+                            list(cfg.algo.hidden),
+                            cfg.algo.activation,
+                            cfg.algo.batch_size,
+                            torch_limit_s,
+                            threads=max(1, int(cfg.resources.num_cpus_per_learner)),
+                        ),
+                    }
                     out["env_steps_per_s"] = None
-                    _say(f"  round {r}  torch_limit {out['updates_per_s']:,.1f} updates/s "
-                         f"({out['threads']} torch thread(s), the learner's)")  # fmt: skip
+                    _say(
+                        f"  round {r}  torch_limit {out['updates_per_s']:,.1f} updates/s "
+                        f"({out['threads']} torch thread(s), the learner's)"
+                    )
                 else:
                     side, _, variant = name.partition("@")
                     out = train_run(side, cfg_of.get(variant, cfg), seconds, warmup)
                     out["contender"] = name
-                    _say(f"  round {r}  {name:<11} {out['env_steps_per_s']:,.1f} env-steps/s, "
-                         f"{out['updates_per_s']:,.1f} updates/s over {out['seconds']:.0f} s "
-                         f"({out['iterations']} iterations; build {out['build_s']:.0f} s, "
-                         f"warm-up {out['warmup_s']:.0f} s)")  # fmt: skip
+                    _say(
+                        f"  round {r}  {name:<11} {out['env_steps_per_s']:,.1f} env-steps/s, "
+                        f"{out['updates_per_s']:,.1f} updates/s over {out['seconds']:.0f} s "
+                        f"({out['iterations']} iterations; build {out['build_s']:.0f} s, "
+                        f"warm-up {out['warmup_s']:.0f} s)"
+                    )
                 out["round"] = r
                 runs.append(out)
                 if name != "torch_limit":
@@ -501,13 +565,16 @@ def parse_vary(vary: Optional[str]) -> List[str]:
     key, eq, values = vary.partition("=")
     vals = [v.strip() for v in values.split(",") if v.strip()]
     if not eq or not key.strip() or len(vals) < 2 or len(set(vals)) < len(vals):
-        raise UserError(f"--vary {vary!r}: expected KEY=V1,V2[,...] with two or more different "
-                        "values, e.g. --vary training.iteration_s=1,5")
+        raise UserError(
+            f"--vary {vary!r}: expected KEY=V1,V2[,...] with two or more different "
+            "values, e.g. --vary training.iteration_s=1,5"
+        )
     return [f"{key.strip()}={v}" for v in vals]
 
 
-def _summarise(runs: List[Dict[str, Any]], contenders: Sequence[str], algo: str,
-               variants: Sequence[str] = ()) -> Dict[str, Any]:
+def _summarise(
+    runs: List[Dict[str, Any]], contenders: Sequence[str], algo: str, variants: Sequence[str] = ()
+) -> Dict[str, Any]:
     def med(name, key):
         vals = [r[key] for r in runs if r["contender"] == name and r.get(key) is not None]
         return float(np.median(vals)) if vals else None
@@ -521,8 +588,13 @@ def _summarise(runs: List[Dict[str, Any]], contenders: Sequence[str], algo: str,
         return (float(np.median(ratios)) if ratios else None), ratios
 
     out: Dict[str, Any] = {
-        "median": {c: {"env_steps_per_s": med(c, "env_steps_per_s"),
-                       "updates_per_s": med(c, "updates_per_s")} for c in contenders},  # fmt: skip
+        "median": {
+            c: {
+                "env_steps_per_s": med(c, "env_steps_per_s"),
+                "updates_per_s": med(c, "updates_per_s"),
+            }
+            for c in contenders
+        },
         "ratios": {},
         "goals": {},
     }
@@ -556,13 +628,18 @@ def _summarise(runs: List[Dict[str, Any]], contenders: Sequence[str], algo: str,
             v, per = per_round_ratio("batched", "torch_limit", "updates_per_s")
             out["ratios"]["sac_over_torch_limit_updates"] = v
             out["ratios"]["sac_over_torch_limit_updates_per_round"] = per
-            cpu = [r["updates_per_learner_cpu_s"] for r in runs
-                   if r["contender"] == "batched" and r.get("updates_per_learner_cpu_s")]  # fmt: skip
+            cpu = [
+                r["updates_per_learner_cpu_s"]
+                for r in runs
+                if r["contender"] == "batched" and r.get("updates_per_learner_cpu_s")
+            ]
             lim = [r["updates_per_cpu_s"] for r in runs if r["contender"] == "torch_limit"]
             if cpu and lim:
                 # per CPU second: the learner process (update + request threads) against the
                 # plain update; robust to other load, which wall rates are not
-                out["ratios"]["sac_over_torch_limit_updates_per_cpu_s"] = float(np.median(cpu) / np.median(lim))
+                out["ratios"]["sac_over_torch_limit_updates_per_cpu_s"] = float(
+                    np.median(cpu) / np.median(lim)
+                )
             if v is not None:
                 out["goals"]["sac_ge_0.6x_torch_limit"] = v >= GOALS["sac_over_torch_limit"]
     return out
@@ -574,8 +651,9 @@ SAMPLER_CONTENDERS = ("fast", "rllib", "env")
 GOAL_SAMPLER_OVER_ENV = 0.85
 
 
-def run_sampler_bench(algo: str, task: str, overrides: Sequence[str], seconds: float,
-                      rounds: int, command: str = "") -> Dict[str, Any]:  # fmt: skip
+def run_sampler_bench(
+    algo: str, task: str, overrides: Sequence[str], seconds: float, rounds: int, command: str = ""
+) -> Dict[str, Any]:
     """EnvRunner sampling without a learner, in this process, alternating windows of:
 
     - ``fast``: raylab's EnvRunner (``RaylabFastEnvRunner``): policy forward, action sampling
@@ -594,26 +672,41 @@ def run_sampler_bench(algo: str, task: str, overrides: Sequence[str], seconds: f
     if algo not in ("ppo", "appo"):
         raise UserError(f"--sampler measures the PPO / APPO EnvRunners; got --algo {algo}")
     if task not in TASKS:
-        raise UserError(choices_hint(task, list(TASKS), "task") + " (--sampler needs a raylab task)")
+        raise UserError(
+            choices_hint(task, list(TASKS), "task") + " (--sampler needs a raylab task)"
+        )
     cfg = compose_cfg(algo, task, overrides)
     n, threads = int(cfg.env.num_envs), physics_threads(cfg)
     frag = int(cfg.algo.rollout_fragment_length) if algo == "appo" else 32
     config = build_algorithm_config(cfg).env_runners(rollout_fragment_length=frag)
     check = C.machine_check(threads)  # this process alone: the runner's or the env's threads
     C.print_check(check)
-    params = dict(algo=algo, task=task, overrides=list(overrides), seconds=seconds, rounds=rounds,
-                  num_envs=n, num_threads=threads, rollout_fragment_length=frag,
-                  contenders=list(SAMPLER_CONTENDERS))  # fmt: skip
+    params = dict(
+        algo=algo,
+        task=task,
+        overrides=list(overrides),
+        seconds=seconds,
+        rounds=rounds,
+        num_envs=n,
+        num_threads=threads,
+        rollout_fragment_length=frag,
+        contenders=list(SAMPLER_CONTENDERS),
+    )
     result = C.new_result("sampler", command, params, check)
-    options = {k: v for k, v in env_options(cfg).items() if k not in ("num_threads", "allow_overcommit")}
-    runners = {"fast": RaylabFastEnvRunner(config=config, worker_index=1),
-               "rllib": RaylabEnvRunner(config=config, worker_index=1)}  # fmt: skip
+    options = {
+        k: v for k, v in env_options(cfg).items() if k not in ("num_threads", "allow_overcommit")
+    }
+    runners = {
+        "fast": RaylabFastEnvRunner(config=config, worker_index=1),
+        "rllib": RaylabEnvRunner(config=config, worker_index=1),
+    }
     env = make_batched(task, n, threads, 0, options)
     counted = {"steps": 0}
 
     def sampler(runner):
         def step():
             counted["steps"] += sum(len(e) for e in runner.sample(num_timesteps=frag * n))
+
         return step
 
     rows = []
@@ -632,15 +725,27 @@ def run_sampler_bench(algo: str, task: str, overrides: Sequence[str], seconds: f
                     w = C.run_window(sampler(runners[name]), seconds, 1)
                     rate = counted["steps"] / w["wall_s"]
                     cpu_rate = counted["steps"] / w["cpu_s"] if w["cpu_s"] > 0 else float("nan")
-                rows.append({"contender": name, "round": r, "env_steps_per_s": rate,
-                             "env_steps_per_cpu_s": cpu_rate, "wall_s": w["wall_s"]})  # fmt: skip
+                rows.append(
+                    {
+                        "contender": name,
+                        "round": r,
+                        "env_steps_per_s": rate,
+                        "env_steps_per_cpu_s": cpu_rate,
+                        "wall_s": w["wall_s"],
+                    }
+                )
                 _say(f"  round {r}  {name:<6} {rate:,.0f} env-steps/s ({cpu_rate:,.0f} per CPU-s)")
     finally:
         env.close()
         for runner in runners.values():
             runner.stop()
     result["rows"] = rows
-    by = lambda name, r: next(x["env_steps_per_s"] for x in rows if x["contender"] == name and x["round"] == r)  # noqa: E731
+
+    def by(name, r):
+        return next(
+            x["env_steps_per_s"] for x in rows if x["contender"] == name and x["round"] == r
+        )
+
     ratios = {}
     for a, b in (("fast", "env"), ("fast", "rllib"), ("rllib", "env")):
         per = [by(a, r) / by(b, r) for r in range(rounds)]
@@ -661,10 +766,12 @@ def print_sampler(res: Dict[str, Any]) -> None:
     for k, v in res["goals"].items():
         print(f"goal {k}: {'met' if v else 'NOT met'}")
     p = res["params"]
-    print(f"N = {p['num_envs']}, T = {p['num_threads']}, fragment {p['rollout_fragment_length']}; "
-          f"verdict: {res['verdict']}; load average before "
-          f"{res['machine_check']['loadavg'][0]:.2f}, after {res['loadavg_after'][0]:.2f}, "
-          f"{res['machine']['usable_cores']} core(s)")  # fmt: skip
+    print(
+        f"N = {p['num_envs']}, T = {p['num_threads']}, fragment {p['rollout_fragment_length']}; "
+        f"verdict: {res['verdict']}; load average before "
+        f"{res['machine_check']['loadavg'][0]:.2f}, after {res['loadavg_after'][0]:.2f}, "
+        f"{res['machine']['usable_cores']} core(s)"
+    )
 
 
 # -------------------------------------------------------------------------------- CLI
@@ -683,43 +790,86 @@ def parser():
         "--help`); every run also gets: " + " ".join(BENCH_OVERRIDES),
     )
     p.add_argument("--algo", default="appo", help=f"algorithm: {', '.join(ALGOS)}")
-    p.add_argument("--task", default="microduck_balance",
-                   help="task (a raylab task for the batched side; any Gymnasium id with "
-                   "--sides gym_sync)")
-    p.add_argument("--seconds", type=C.positive(float, "seconds"), default=60.0,
-                   help="measured training budget per run (wall seconds after the warm-up)")
-    p.add_argument("--warmup", type=float, default=20.0,
-                   help="seconds of training before the budget starts (SAC: also until the "
-                   "first update)")
-    p.add_argument("--rounds", type=C.positive(int, "rounds"), default=1,
-                   help="runs per contender; the order is reversed every other round")
-    p.add_argument("--sides", nargs="+", default=list(SIDES),
-                   help=f"env sides to run: {', '.join(SIDES)}")
-    p.add_argument("--no-stock-sac", action="store_true",
-                   help="SAC: skip the stock RLlib SAC run")
-    p.add_argument("--torch-limit-seconds", type=float, default=10.0,
-                   help="SAC: seconds of the plain-torch update timing per round (0: skip)")
-    p.add_argument("--ref-seconds", type=float, default=3.0,
-                   help="seconds of the one-thread batched-env reference window before the "
-                   "first run and after every run (0: none; the verdict is then unchecked)")
-    p.add_argument("--drift-limit", type=float, default=C.DRIFT_LIMIT,
-                   help="unstable when a reference differs from the first by more than this")
-    p.add_argument("--trend-limit", type=float, default=C.TREND_LIMIT,
-                   help="trending when 3 consecutive references move one way by more than this")
-    p.add_argument("--vary", default=None, metavar="KEY=V1,V2",
-                   help="run each side once per value of one config key, alternating, and "
-                   "report each value's rates against the first (e.g. training.iteration_s=1,5); "
-                   "no stock SAC or torch limit then")
-    p.add_argument("--sampler", action="store_true",
-                   help="PPO / APPO: measure EnvRunner sampling alone (no learner, no Ray) in "
-                   "alternating windows: raylab's EnvRunner, RLlib's EnvRunner loop, and the "
-                   "batched env with random actions, at the same envs and threads (--seconds "
-                   "per window; --rounds)")
-    p.add_argument("--out", default=None,
-                   help="result JSON; None: runs/bench/train_<algo>.json (--sampler: "
-                   "runs/bench/sampler_<algo>.json)")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                   help="raylab config overrides for every run, e.g. env.num_envs=32")
+    p.add_argument(
+        "--task",
+        default="microduck_balance",
+        help="task (a raylab task for the batched side; any Gymnasium id with --sides gym_sync)",
+    )
+    p.add_argument(
+        "--seconds",
+        type=C.positive(float, "seconds"),
+        default=60.0,
+        help="measured training budget per run (wall seconds after the warm-up)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=float,
+        default=20.0,
+        help="seconds of training before the budget starts (SAC: also until the first update)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=C.positive(int, "rounds"),
+        default=1,
+        help="runs per contender; the order is reversed every other round",
+    )
+    p.add_argument(
+        "--sides", nargs="+", default=list(SIDES), help=f"env sides to run: {', '.join(SIDES)}"
+    )
+    p.add_argument("--no-stock-sac", action="store_true", help="SAC: skip the stock RLlib SAC run")
+    p.add_argument(
+        "--torch-limit-seconds",
+        type=float,
+        default=10.0,
+        help="SAC: seconds of the plain-torch update timing per round (0: skip)",
+    )
+    p.add_argument(
+        "--ref-seconds",
+        type=float,
+        default=3.0,
+        help="seconds of the one-thread batched-env reference window before the "
+        "first run and after every run (0: none; the verdict is then unchecked)",
+    )
+    p.add_argument(
+        "--drift-limit",
+        type=float,
+        default=C.DRIFT_LIMIT,
+        help="unstable when a reference differs from the first by more than this",
+    )
+    p.add_argument(
+        "--trend-limit",
+        type=float,
+        default=C.TREND_LIMIT,
+        help="trending when 3 consecutive references move one way by more than this",
+    )
+    p.add_argument(
+        "--vary",
+        default=None,
+        metavar="KEY=V1,V2",
+        help="run each side once per value of one config key, alternating, and "
+        "report each value's rates against the first (e.g. training.iteration_s=1,5); "
+        "no stock SAC or torch limit then",
+    )
+    p.add_argument(
+        "--sampler",
+        action="store_true",
+        help="PPO / APPO: measure EnvRunner sampling alone (no learner, no Ray) in "
+        "alternating windows: raylab's EnvRunner, RLlib's EnvRunner loop, and the "
+        "batched env with random actions, at the same envs and threads (--seconds "
+        "per window; --rounds)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="result JSON; None: runs/bench/train_<algo>.json (--sampler: "
+        "runs/bench/sampler_<algo>.json)",
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="raylab config overrides for every run, e.g. env.num_envs=32",
+    )
     return p
 
 
@@ -728,19 +878,29 @@ def main(argv: Sequence[str]) -> int:
     command = C.command_line("raylab bench train", argv)
     print(command, flush=True)
     if args.sampler:
-        res = run_sampler_bench(args.algo, args.task, args.overrides, args.seconds, args.rounds,
-                                command=command)  # fmt: skip
+        res = run_sampler_bench(
+            args.algo, args.task, args.overrides, args.seconds, args.rounds, command=command
+        )
         print_sampler(res)
         path = C.save_result(res, args.out or f"runs/bench/sampler_{args.algo}.json")
         print(f"wrote {path}")
         return 0
     res = run_train_bench(
-        algo=args.algo, task=args.task, overrides=args.overrides, seconds=args.seconds,
-        warmup=args.warmup, rounds=args.rounds, sides=args.sides, stock_sac=not args.no_stock_sac,
-        torch_limit_s=args.torch_limit_seconds, ref_seconds=args.ref_seconds,
-        drift_limit=args.drift_limit, trend_limit=args.trend_limit, vary=args.vary,
+        algo=args.algo,
+        task=args.task,
+        overrides=args.overrides,
+        seconds=args.seconds,
+        warmup=args.warmup,
+        rounds=args.rounds,
+        sides=args.sides,
+        stock_sac=not args.no_stock_sac,
+        torch_limit_s=args.torch_limit_seconds,
+        ref_seconds=args.ref_seconds,
+        drift_limit=args.drift_limit,
+        trend_limit=args.trend_limit,
+        vary=args.vary,
         command=command,
-    )  # fmt: skip
+    )
     print_train(res)
     path = C.save_result(res, args.out or f"runs/bench/train_{args.algo}.json")
     print(f"wrote {path}")
@@ -768,9 +928,11 @@ def print_train(res: Dict[str, Any]) -> None:
             print(f"phases {run['contender']}#{run['round']} (iteration {ms:.1f} ms): {parts}")
     g = res["guard"]
     load = res["machine_check"]["loadavg"][0]
-    print(f"verdict: {res['verdict']} (max reference drift {g['max_abs_drift']:.1%}); load average "
-          f"before {load:.2f}, after {res['loadavg_after'][0]:.2f}, "
-          f"{res['machine']['usable_cores']} core(s)")  # fmt: skip
+    print(
+        f"verdict: {res['verdict']} (max reference drift {g['max_abs_drift']:.1%}); load average "
+        f"before {load:.2f}, after {res['loadavg_after'][0]:.2f}, "
+        f"{res['machine']['usable_cores']} core(s)"
+    )
 
 
 if __name__ == "__main__":

@@ -107,8 +107,14 @@ def _read_event_files(run_dir: Path) -> Dict[str, Dict[int, Tuple[float, float]]
     if not files:
         raise MetricSchemaError(f"no TensorBoard event files ({EVENT_GLOB}) under {run_dir}")
     out: Dict[str, Dict[int, Tuple[float, float]]] = {}
-    guidance = {ea.SCALARS: 0, ea.TENSORS: 0, ea.IMAGES: 1, ea.AUDIO: 1, ea.HISTOGRAMS: 1,
-                ea.COMPRESSED_HISTOGRAMS: 1}
+    guidance = {
+        ea.SCALARS: 0,
+        ea.TENSORS: 0,
+        ea.IMAGES: 1,
+        ea.AUDIO: 1,
+        ea.HISTOGRAMS: 1,
+        ea.COMPRESSED_HISTOGRAMS: 1,
+    }
     for path in files:
         acc = ea.EventAccumulator(str(path), size_guidance=guidance)
         try:

@@ -77,6 +77,7 @@ PathLike = Union[str, os.PathLike]
 
 # ------------------------------------------------------------------------- atomic JSON
 
+
 def write_json_atomic(path: PathLike, obj: Any) -> Path:
     """Write ``obj`` as JSON to ``path`` via temp file + fsync + rename; return the path.
 
@@ -115,6 +116,7 @@ def _fsync_dir(folder: Path) -> None:
 
 
 # ------------------------------------------------------------------------- run directory path
+
 
 def cfg_select(cfg: Any, dotted: str, default: Any = None) -> Any:
     """``cfg.a.b`` for an OmegaConf config, a nested dict or nested attributes."""
@@ -210,6 +212,7 @@ def _mkdir(path: Path, exist_ok: bool, what: str) -> None:
 
 
 # ------------------------------------------------------------------------- config and summary
+
 
 def redact(obj: Any) -> Any:
     """A copy with the value of every key containing api_key / token / secret / password hidden."""

@@ -222,162 +222,475 @@ _RESERVED: Tuple[str, ...] = ()
 
 _SPECS: Tuple[MetricSpec, ...] = (
     # ----------------------------------------------------------------------- progress
-    _spec(TRAIN_MEAN_REWARD, "collector", "return", "mean", _ALL,
-          "Mean undiscounted return of the latest training.reward_window (default 100) episodes "
-          "completed by all EnvRunners, kept by raylab across reports (and across --resume); "
-          "omitted until the first episode completes; the overall training-progress curve"),
-    _spec(TRAIN_MEAN_EPISODE_LENGTH, "collector", "steps", "mean", _ALL,
-          "Mean length of the same latest training.reward_window completed episodes; omitted "
-          "until the first episode completes"),
-    _spec(EVAL_MEAN_REWARD, "collector", "return", "mean", _ALL,
-          "Mean return of the evaluation's training.eval_episodes episodes: deterministic "
-          "actions, episode k seeded training.eval_seed + k, every training.eval_every "
-          "iterations (and once before the first update with training.eval_before_train, "
-          "logged at env step 0); the protocol of `raylab eval`"),
-    _spec(EVAL_MEAN_EPISODE_LENGTH, "collector", "steps", "mean", _ALL,
-          "Mean episode length of the same evaluation episodes"),
-    _spec(EVAL_SURVIVAL, "collector", "ratio", "mean", _ALL,
-          "Robot tasks: mean over the evaluation episodes of the share of steps on which the "
-          "robot was not fallen by the task's own definition (0 for an episode that "
-          "terminated); the number `raylab eval` prints as survival"),
-    _spec(EPISODE_TIMEOUT_RATE, "collector", "ratio", "mean", _ALL,
-          "Fraction of completed episodes that ended by the time limit rather than a "
-          "termination term; omitted until the first episode completes"),
+    _spec(
+        TRAIN_MEAN_REWARD,
+        "collector",
+        "return",
+        "mean",
+        _ALL,
+        "Mean undiscounted return of the latest training.reward_window (default 100) episodes "
+        "completed by all EnvRunners, kept by raylab across reports (and across --resume); "
+        "omitted until the first episode completes; the overall training-progress curve",
+    ),
+    _spec(
+        TRAIN_MEAN_EPISODE_LENGTH,
+        "collector",
+        "steps",
+        "mean",
+        _ALL,
+        "Mean length of the same latest training.reward_window completed episodes; omitted "
+        "until the first episode completes",
+    ),
+    _spec(
+        EVAL_MEAN_REWARD,
+        "collector",
+        "return",
+        "mean",
+        _ALL,
+        "Mean return of the evaluation's training.eval_episodes episodes: deterministic "
+        "actions, episode k seeded training.eval_seed + k, every training.eval_every "
+        "iterations (and once before the first update with training.eval_before_train, "
+        "logged at env step 0); the protocol of `raylab eval`",
+    ),
+    _spec(
+        EVAL_MEAN_EPISODE_LENGTH,
+        "collector",
+        "steps",
+        "mean",
+        _ALL,
+        "Mean episode length of the same evaluation episodes",
+    ),
+    _spec(
+        EVAL_SURVIVAL,
+        "collector",
+        "ratio",
+        "mean",
+        _ALL,
+        "Robot tasks: mean over the evaluation episodes of the share of steps on which the "
+        "robot was not fallen by the task's own definition (0 for an episode that "
+        "terminated); the number `raylab eval` prints as survival",
+    ),
+    _spec(
+        EPISODE_TIMEOUT_RATE,
+        "collector",
+        "ratio",
+        "mean",
+        _ALL,
+        "Fraction of completed episodes that ended by the time limit rather than a "
+        "termination term; omitted until the first episode completes",
+    ),
     # ----------------------------------------------------------------------- throughput
-    _spec(PERF_TOTAL_FPS, "collector", "steps/s", "sum", _ALL,
-          "Env steps sampled per second, summed over all EnvRunners: total job throughput"),
-    _spec(PERF_LEARNER_ROWS_PER_S, "learner", "rows/s", "sum", _ALL,
-          "Replay rows (train-batch rows) consumed per second, summed over learners; the "
-          "terminal's Rows/s, never written to TensorBoard / W&B", persisted=False),
-    _spec(PERF_LEARNER_UPDATES_PER_S, "learner", "updates/s", "mean", _ALL,
-          "Gradient updates per second of learner wall time; data-parallel learners update in "
-          "lockstep, so ranks are averaged"),
+    _spec(
+        PERF_TOTAL_FPS,
+        "collector",
+        "steps/s",
+        "sum",
+        _ALL,
+        "Env steps sampled per second, summed over all EnvRunners: total job throughput",
+    ),
+    _spec(
+        PERF_LEARNER_ROWS_PER_S,
+        "learner",
+        "rows/s",
+        "sum",
+        _ALL,
+        "Replay rows (train-batch rows) consumed per second, summed over learners; the "
+        "terminal's Rows/s, never written to TensorBoard / W&B",
+        persisted=False,
+    ),
+    _spec(
+        PERF_LEARNER_UPDATES_PER_S,
+        "learner",
+        "updates/s",
+        "mean",
+        _ALL,
+        "Gradient updates per second of learner wall time; data-parallel learners update in "
+        "lockstep, so ranks are averaged",
+    ),
     # ----------------------------------------------------------------------- learner main thread
-    _spec(PERF_LEARNER_COLLECTOR_WAIT_MS, "learner", "ms", "mean", _ALL,
-          "Learner main thread waiting for this iteration's data: PPO the synchronous "
-          "EnvRunner sample, APPO the next batch in the learner queue, SAC enough new env steps "
-          "for the replay ratio", kind="main_phase"),
-    _spec(PERF_LEARNER_EPISODE_TRANSFER_MS, "learner", "ms", "mean", _PPO,
-          "Learner main thread resolving and deserialising the episodes EnvRunners sent "
-          "through Ray's object store (raylab; the learner does not own the collector)",
-          kind="main_phase"),
-    _spec(PERF_LEARNER_INFERENCE_MS, "learner", "ms", "mean", _RESERVED,
-          "Learner-owned inference for the collectors (observation H2D, actor forward, action "
-          "D2H); only when the learner serves actions, EnvRunners that infer locally do not "
-          "emit it", kind="main_phase"),
-    _spec(PERF_LEARNER_COLLECTOR_RELEASE_MS, "learner", "ms", "mean", _RESERVED,
-          "Publishing the action response to the waiting collector (learner-owned inference); "
-          "long only when the response queue has not drained", kind="main_phase"),
-    _spec(PERF_LEARNER_REPLAY_BATCH_WAIT_MS, "learner", "ms", "mean", _SAC,
-          "Waiting for the prefetched device replay batch; near zero on a prefetch hit",
-          kind="main_phase"),
-    _spec(PERF_LEARNER_REPLAY_STAGE_MS, "learner", "ms", "mean", _PPO,
-          "Turning the arrived episodes into the train batch (learner connector: GAE, value "
-          "targets), synchronously on the main thread", kind="main_phase"),
-    _spec(PERF_LEARNER_REPLAY_SAMPLE_MS, "learner", "ms", "mean", _OFF_POLICY,
-          "Acquiring the ready training batch from the replay / circular buffer",
-          kind="main_phase"),
-    _spec(PERF_LEARNING_TIME, "learner", "s", "mean", _ALL,
-          "Wall time of the learner update phase (forward, backward, optimizer steps)",
-          kind="main_phase"),
-    _spec(PERF_LEARNER_WEIGHT_PUBLISH_MS, "learner", "ms", "mean", _OFF_POLICY,
-          "Learner main thread making fresh weights available for the broadcast to EnvRunners",
-          kind="main_phase"),
-    _spec(PERF_ITERATION_TIME, "learner", "s", "mean", _ALL,
-          "Learner iteration wall time from iteration start through update completion; the "
-          "100% row of the learner timeline; emitted only when the complete wall was measured",
-          kind="wall"),
+    _spec(
+        PERF_LEARNER_COLLECTOR_WAIT_MS,
+        "learner",
+        "ms",
+        "mean",
+        _ALL,
+        "Learner main thread waiting for this iteration's data: PPO the synchronous "
+        "EnvRunner sample, APPO the next batch in the learner queue, SAC enough new env steps "
+        "for the replay ratio",
+        kind="main_phase",
+    ),
+    _spec(
+        PERF_LEARNER_EPISODE_TRANSFER_MS,
+        "learner",
+        "ms",
+        "mean",
+        _PPO,
+        "Learner main thread resolving and deserialising the episodes EnvRunners sent "
+        "through Ray's object store (raylab; the learner does not own the collector)",
+        kind="main_phase",
+    ),
+    _spec(
+        PERF_LEARNER_INFERENCE_MS,
+        "learner",
+        "ms",
+        "mean",
+        _RESERVED,
+        "Learner-owned inference for the collectors (observation H2D, actor forward, action "
+        "D2H); only when the learner serves actions, EnvRunners that infer locally do not "
+        "emit it",
+        kind="main_phase",
+    ),
+    _spec(
+        PERF_LEARNER_COLLECTOR_RELEASE_MS,
+        "learner",
+        "ms",
+        "mean",
+        _RESERVED,
+        "Publishing the action response to the waiting collector (learner-owned inference); "
+        "long only when the response queue has not drained",
+        kind="main_phase",
+    ),
+    _spec(
+        PERF_LEARNER_REPLAY_BATCH_WAIT_MS,
+        "learner",
+        "ms",
+        "mean",
+        _SAC,
+        "Waiting for the prefetched device replay batch; near zero on a prefetch hit",
+        kind="main_phase",
+    ),
+    _spec(
+        PERF_LEARNER_REPLAY_STAGE_MS,
+        "learner",
+        "ms",
+        "mean",
+        _PPO,
+        "Turning the arrived episodes into the train batch (learner connector: GAE, value "
+        "targets), synchronously on the main thread",
+        kind="main_phase",
+    ),
+    _spec(
+        PERF_LEARNER_REPLAY_SAMPLE_MS,
+        "learner",
+        "ms",
+        "mean",
+        _OFF_POLICY,
+        "Acquiring the ready training batch from the replay / circular buffer",
+        kind="main_phase",
+    ),
+    _spec(
+        PERF_LEARNING_TIME,
+        "learner",
+        "s",
+        "mean",
+        _ALL,
+        "Wall time of the learner update phase (forward, backward, optimizer steps)",
+        kind="main_phase",
+    ),
+    _spec(
+        PERF_LEARNER_WEIGHT_PUBLISH_MS,
+        "learner",
+        "ms",
+        "mean",
+        _OFF_POLICY,
+        "Learner main thread making fresh weights available for the broadcast to EnvRunners",
+        kind="main_phase",
+    ),
+    _spec(
+        PERF_ITERATION_TIME,
+        "learner",
+        "s",
+        "mean",
+        _ALL,
+        "Learner iteration wall time from iteration start through update completion; the "
+        "100% row of the learner timeline; emitted only when the complete wall was measured",
+        kind="wall",
+    ),
     # ------------------------------------------------------------------ learner nested, background
-    _spec(PERF_LEARNER_INFERENCE_H2D_MS, "learner", "ms", "mean", _RESERVED,
-          "Observation copy to the learner device", kind="nested",
-          parent=PERF_LEARNER_INFERENCE_MS),
-    _spec(PERF_LEARNER_INFERENCE_FORWARD_MS, "learner", "ms", "mean", _RESERVED,
-          "Actor forward pass including the device synchronisation", kind="nested",
-          parent=PERF_LEARNER_INFERENCE_MS),
-    _spec(PERF_LEARNER_INFERENCE_D2H_MS, "learner", "ms", "mean", _RESERVED,
-          "Action copy back to host memory", kind="nested", parent=PERF_LEARNER_INFERENCE_MS),
-    _spec(PERF_DP_GRADIENT_SYNC_MS_PER_RANK, "learner", "ms", "mean", _ALL,
-          "Time one learner rank spends all-reducing gradients with the other ranks, inside "
-          "Learning; only with more than one learner", kind="nested", parent=PERF_LEARNING_TIME),
-    _spec(PERF_DP_GRADIENT_SYNC_CALLS_PER_RANK, "learner", "count", "mean", _ALL,
-          "Gradient all-reduce calls of one learner rank in the iteration; only with more than "
-          "one learner"),
-    _spec(PERF_REPLAY_INGRESS_H2D_SUBMIT_MS, "learner", "ms", "mean", _SAC,
-          "CPU-side duration of the latest transition submission into the device replay; runs "
-          "beside the main thread and can overlap any main phase", kind="background"),
-    _spec(PERF_LEARNER_INGEST_MS, "learner", "ms", "mean", _ALL,
-          "Learner request thread resolving episode references from the object store and "
-          "building batches while the learner thread trains (raylab); overlaps the main "
-          "timeline", kind="background"),
+    _spec(
+        PERF_LEARNER_INFERENCE_H2D_MS,
+        "learner",
+        "ms",
+        "mean",
+        _RESERVED,
+        "Observation copy to the learner device",
+        kind="nested",
+        parent=PERF_LEARNER_INFERENCE_MS,
+    ),
+    _spec(
+        PERF_LEARNER_INFERENCE_FORWARD_MS,
+        "learner",
+        "ms",
+        "mean",
+        _RESERVED,
+        "Actor forward pass including the device synchronisation",
+        kind="nested",
+        parent=PERF_LEARNER_INFERENCE_MS,
+    ),
+    _spec(
+        PERF_LEARNER_INFERENCE_D2H_MS,
+        "learner",
+        "ms",
+        "mean",
+        _RESERVED,
+        "Action copy back to host memory",
+        kind="nested",
+        parent=PERF_LEARNER_INFERENCE_MS,
+    ),
+    _spec(
+        PERF_DP_GRADIENT_SYNC_MS_PER_RANK,
+        "learner",
+        "ms",
+        "mean",
+        _ALL,
+        "Time one learner rank spends all-reducing gradients with the other ranks, inside "
+        "Learning; only with more than one learner",
+        kind="nested",
+        parent=PERF_LEARNING_TIME,
+    ),
+    _spec(
+        PERF_DP_GRADIENT_SYNC_CALLS_PER_RANK,
+        "learner",
+        "count",
+        "mean",
+        _ALL,
+        "Gradient all-reduce calls of one learner rank in the iteration; only with more than "
+        "one learner",
+    ),
+    _spec(
+        PERF_REPLAY_INGRESS_H2D_SUBMIT_MS,
+        "learner",
+        "ms",
+        "mean",
+        _SAC,
+        "CPU-side duration of the latest transition submission into the device replay; runs "
+        "beside the main thread and can overlap any main phase",
+        kind="background",
+    ),
+    _spec(
+        PERF_LEARNER_INGEST_MS,
+        "learner",
+        "ms",
+        "mean",
+        _ALL,
+        "Learner request thread resolving episode references from the object store and "
+        "building batches while the learner thread trains (raylab); overlaps the main "
+        "timeline",
+        kind="background",
+    ),
     # ----------------------------------------------------------------------- collector (EnvRunner)
-    _spec(PERF_COLLECTOR_INFERENCE_REQUEST_MS, "collector", "ms", "mean", _RESERVED,
-          "Publishing observations / dones to the learner-owned inference and notifying it",
-          kind="collector"),
-    _spec(PERF_COLLECTOR_LEARNER_ACTION_WAIT_MS, "collector", "ms", "mean", _RESERVED,
-          "From request publication until the learner returns this tick's action; includes any "
-          "remaining learner update, not only inference latency", kind="collector"),
-    _spec(PERF_COLLECTOR_MLP_INFER_MS, "collector", "ms", "mean", _ALL,
-          "EnvRunner's own policy forward pass per env step (RLModule inference on the "
-          "EnvRunner)", kind="collector"),
-    _spec(PERF_COLLECTOR_ENV_STEP_MS, "collector", "ms", "mean", _ALL,
-          "One batched env.step() call on an EnvRunner", kind="collector"),
-    _spec(PERF_COLLECTOR_TRANSITION_EXTRACT_MS, "collector", "ms", "mean", _ALL,
-          "Turning a rollout fragment's arrays into episode chunks (PPO / APPO) or flat "
-          "transitions (SAC), once per fragment on raylab's rollout loop (not emitted on "
-          "RLlib's EnvRunner loop)", kind="collector"),
-    _spec(PERF_COLLECTOR_REPLAY_WRITE_MS, "collector", "ms", "mean", _SAC,
-          "Packing the transitions and their bounded write towards replay (object store put)",
-          kind="collector"),
-    _spec(PERF_COLLECTOR_METRICS_PUBLISH_MS, "collector", "ms", "mean", _SAC,
-          "Publishing the collector's metrics", kind="collector"),
-    _spec(PERF_COLLECTION_TIME, "collector", "s", "mean", _ALL,
-          "Wall time of one whole EnvRunner sample() call (one rollout fragment for every env)",
-          kind="collector"),
-    _spec(PERF_COLLECTOR_ACTION_VALIDATE_MS, "collector", "ms", "mean", _ALL,
-          "Checking / clipping the action batch, inside Env Step", kind="collector_nested",
-          parent=PERF_COLLECTOR_ENV_STEP_MS),
-    _spec(PERF_COLLECTOR_APPLY_ACTION_MS, "collector", "ms", "mean", _ALL,
-          "Writing actions into the simulator controls, inside Env Step",
-          kind="collector_nested", parent=PERF_COLLECTOR_ENV_STEP_MS),
-    _spec(PERF_COLLECTOR_BACKEND_STEP_MS, "collector", "ms", "mean", _ALL,
-          "Physics backend stepping (mj_step on the env threads), inside Env Step",
-          kind="collector_nested", parent=PERF_COLLECTOR_ENV_STEP_MS),
-    _spec(PERF_COLLECTOR_UPDATE_STATE_MS, "collector", "ms", "mean", _ALL,
-          "Observation, reward and termination terms after the physics step, inside Env Step",
-          kind="collector_nested", parent=PERF_COLLECTOR_ENV_STEP_MS),
-    _spec(PERF_COLLECTOR_RESET_DONE_MS, "collector", "ms", "mean", _ALL,
-          "Resetting the envs that finished, inside Env Step", kind="collector_nested",
-          parent=PERF_COLLECTOR_ENV_STEP_MS),
+    _spec(
+        PERF_COLLECTOR_INFERENCE_REQUEST_MS,
+        "collector",
+        "ms",
+        "mean",
+        _RESERVED,
+        "Publishing observations / dones to the learner-owned inference and notifying it",
+        kind="collector",
+    ),
+    _spec(
+        PERF_COLLECTOR_LEARNER_ACTION_WAIT_MS,
+        "collector",
+        "ms",
+        "mean",
+        _RESERVED,
+        "From request publication until the learner returns this tick's action; includes any "
+        "remaining learner update, not only inference latency",
+        kind="collector",
+    ),
+    _spec(
+        PERF_COLLECTOR_MLP_INFER_MS,
+        "collector",
+        "ms",
+        "mean",
+        _ALL,
+        "EnvRunner's own policy forward pass per env step (RLModule inference on the EnvRunner)",
+        kind="collector",
+    ),
+    _spec(
+        PERF_COLLECTOR_ENV_STEP_MS,
+        "collector",
+        "ms",
+        "mean",
+        _ALL,
+        "One batched env.step() call on an EnvRunner",
+        kind="collector",
+    ),
+    _spec(
+        PERF_COLLECTOR_TRANSITION_EXTRACT_MS,
+        "collector",
+        "ms",
+        "mean",
+        _ALL,
+        "Turning a rollout fragment's arrays into episode chunks (PPO / APPO) or flat "
+        "transitions (SAC), once per fragment on raylab's rollout loop (not emitted on "
+        "RLlib's EnvRunner loop)",
+        kind="collector",
+    ),
+    _spec(
+        PERF_COLLECTOR_REPLAY_WRITE_MS,
+        "collector",
+        "ms",
+        "mean",
+        _SAC,
+        "Packing the transitions and their bounded write towards replay (object store put)",
+        kind="collector",
+    ),
+    _spec(
+        PERF_COLLECTOR_METRICS_PUBLISH_MS,
+        "collector",
+        "ms",
+        "mean",
+        _SAC,
+        "Publishing the collector's metrics",
+        kind="collector",
+    ),
+    _spec(
+        PERF_COLLECTION_TIME,
+        "collector",
+        "s",
+        "mean",
+        _ALL,
+        "Wall time of one whole EnvRunner sample() call (one rollout fragment for every env)",
+        kind="collector",
+    ),
+    _spec(
+        PERF_COLLECTOR_ACTION_VALIDATE_MS,
+        "collector",
+        "ms",
+        "mean",
+        _ALL,
+        "Checking / clipping the action batch, inside Env Step",
+        kind="collector_nested",
+        parent=PERF_COLLECTOR_ENV_STEP_MS,
+    ),
+    _spec(
+        PERF_COLLECTOR_APPLY_ACTION_MS,
+        "collector",
+        "ms",
+        "mean",
+        _ALL,
+        "Writing actions into the simulator controls, inside Env Step",
+        kind="collector_nested",
+        parent=PERF_COLLECTOR_ENV_STEP_MS,
+    ),
+    _spec(
+        PERF_COLLECTOR_BACKEND_STEP_MS,
+        "collector",
+        "ms",
+        "mean",
+        _ALL,
+        "Physics backend stepping (mj_step on the env threads), inside Env Step",
+        kind="collector_nested",
+        parent=PERF_COLLECTOR_ENV_STEP_MS,
+    ),
+    _spec(
+        PERF_COLLECTOR_UPDATE_STATE_MS,
+        "collector",
+        "ms",
+        "mean",
+        _ALL,
+        "Observation, reward and termination terms after the physics step, inside Env Step",
+        kind="collector_nested",
+        parent=PERF_COLLECTOR_ENV_STEP_MS,
+    ),
+    _spec(
+        PERF_COLLECTOR_RESET_DONE_MS,
+        "collector",
+        "ms",
+        "mean",
+        _ALL,
+        "Resetting the envs that finished, inside Env Step",
+        kind="collector_nested",
+        parent=PERF_COLLECTOR_ENV_STEP_MS,
+    ),
     # ----------------------------------------------------------------------- algorithm loop
-    _spec(PERF_WEIGHT_BROADCAST_MS, "runner", "ms", "mean", _ALL,
-          "Algorithm side syncing fresh weights to the EnvRunners (object-store put plus the "
-          "actor calls); an algorithm-loop diagnostic, not a learner main phase",
-          kind="runner"),
-    _spec(PERF_EVALUATION_MS, "runner", "ms", "mean", _ALL,
-          "Wall time of the evaluation that ran in this iteration (its episodes on the "
-          "evaluation EnvRunner); reported with the Eval/* tags, not a learner phase",
-          kind="runner"),
-    _spec(PERF_ENV_RUNNER_RESTARTS, "runner", "count", "sum", _ALL,
-          "EnvRunner actors restarted by fault tolerance since the run started"),
-    _spec(PERF_POLICY_STALENESS, "runner", "count", "mean", _OFF_POLICY,
-          "How many weight versions the EnvRunners' policy lags the learner's when sampling"),
-    _spec(PERF_REPLAY_BUFFER_SIZE, "runner", "transitions", "sum", _SAC,
-          "Transitions held in the replay buffer (summed over shards)"),
+    _spec(
+        PERF_WEIGHT_BROADCAST_MS,
+        "runner",
+        "ms",
+        "mean",
+        _ALL,
+        "Algorithm side syncing fresh weights to the EnvRunners (object-store put plus the "
+        "actor calls); an algorithm-loop diagnostic, not a learner main phase",
+        kind="runner",
+    ),
+    _spec(
+        PERF_EVALUATION_MS,
+        "runner",
+        "ms",
+        "mean",
+        _ALL,
+        "Wall time of the evaluation that ran in this iteration (its episodes on the "
+        "evaluation EnvRunner); reported with the Eval/* tags, not a learner phase",
+        kind="runner",
+    ),
+    _spec(
+        PERF_ENV_RUNNER_RESTARTS,
+        "runner",
+        "count",
+        "sum",
+        _ALL,
+        "EnvRunner actors restarted by fault tolerance since the run started",
+    ),
+    _spec(
+        PERF_POLICY_STALENESS,
+        "runner",
+        "count",
+        "mean",
+        _OFF_POLICY,
+        "How many weight versions the EnvRunners' policy lags the learner's when sampling",
+    ),
+    _spec(
+        PERF_REPLAY_BUFFER_SIZE,
+        "runner",
+        "transitions",
+        "sum",
+        _SAC,
+        "Transitions held in the replay buffer (summed over shards)",
+    ),
     # ----------------------------------------------------------------------- families
-    _spec(REWARD_FAMILY, "env_manager", "reward", "mean", _ALL,
-          "Per-term reward diagnostic: mean over envs of raw term value x weight, before dt "
-          "scaling; not an episode return", family_prefix="reward/"),
-    _spec(EPISODE_TERMINATION_FAMILY, "env_manager", "count", "sum", _ALL,
-          "Number of reset envs for which that termination term fired; not a reward",
-          family_prefix="Episode_Termination/"),
-    _spec(LOSS_FAMILY, "learner", "value", "mean", _ALL,
-          "Learner loss terms (for example Loss/policy, Loss/value, Loss/entropy, Loss/critic, "
-          "Loss/actor, Loss/alpha); NaN / inf are kept so divergence stays visible",
-          allow_nonfinite=True, family_prefix="Loss/"),
-    _spec(POLICY_FAMILY, "learner", "value", "mean", _ALL,
-          "Policy statistics (for example Policy/entropy, Policy/kl, Policy/mean_std, "
-          "Policy/alpha, Policy/grad_norm); NaN / inf are kept so divergence stays visible",
-          allow_nonfinite=True, family_prefix="Policy/"),
+    _spec(
+        REWARD_FAMILY,
+        "env_manager",
+        "reward",
+        "mean",
+        _ALL,
+        "Per-term reward diagnostic: mean over envs of raw term value x weight, before dt "
+        "scaling; not an episode return",
+        family_prefix="reward/",
+    ),
+    _spec(
+        EPISODE_TERMINATION_FAMILY,
+        "env_manager",
+        "count",
+        "sum",
+        _ALL,
+        "Number of reset envs for which that termination term fired; not a reward",
+        family_prefix="Episode_Termination/",
+    ),
+    _spec(
+        LOSS_FAMILY,
+        "learner",
+        "value",
+        "mean",
+        _ALL,
+        "Learner loss terms (for example Loss/policy, Loss/value, Loss/entropy, Loss/critic, "
+        "Loss/actor, Loss/alpha); NaN / inf are kept so divergence stays visible",
+        allow_nonfinite=True,
+        family_prefix="Loss/",
+    ),
+    _spec(
+        POLICY_FAMILY,
+        "learner",
+        "value",
+        "mean",
+        _ALL,
+        "Policy statistics (for example Policy/entropy, Policy/kl, Policy/mean_std, "
+        "Policy/alpha, Policy/grad_norm); NaN / inf are kept so divergence stays visible",
+        allow_nonfinite=True,
+        family_prefix="Policy/",
+    ),
 )
 
 TAGS: Dict[str, MetricSpec] = {s.name: s for s in _SPECS}
@@ -436,13 +749,16 @@ wall instead, which are not one breakdown, so they have no cycle."""
 
 # ------------------------------------------------------------------------- legacy tags
 
+
 def _legacy_table() -> Dict[str, LegacyRule]:
     t: Dict[str, LegacyRule] = {
         "perf/steps_per_sec": LegacyRule(PERF_TOTAL_FPS, note="summed over ranks"),
-        "reward/mean_ep100": LegacyRule(TRAIN_MEAN_REWARD, rank=0,
-                                        note="latest 100-episode mean return"),
-        "reward/mean": LegacyRule(TRAIN_MEAN_REWARD, rank=1,
-                                  note="used only when reward/mean_ep100 is absent"),
+        "reward/mean_ep100": LegacyRule(
+            TRAIN_MEAN_REWARD, rank=0, note="latest 100-episode mean return"
+        ),
+        "reward/mean": LegacyRule(
+            TRAIN_MEAN_REWARD, rank=1, note="used only when reward/mean_ep100 is absent"
+        ),
         "episode/timeout_rate": LegacyRule(EPISODE_TIMEOUT_RATE),
         "perf/iter_ms": LegacyRule(PERF_ITERATION_TIME, 0.001, "ms -> s"),
         "timing/learner_train_ms": LegacyRule(PERF_LEARNING_TIME, 0.001, "ms -> s"),
@@ -456,17 +772,33 @@ def _legacy_table() -> Dict[str, LegacyRule]:
         ),
         "timing/replay_ingress_h2d_submit_ms": LegacyRule(PERF_REPLAY_INGRESS_H2D_SUBMIT_MS),
         "timing/collector_inference_wait_ms": LegacyRule(
-            PERF_COLLECTOR_LEARNER_ACTION_WAIT_MS, note="renamed: it is not only inference"),
+            PERF_COLLECTOR_LEARNER_ACTION_WAIT_MS, note="renamed: it is not only inference"
+        ),
         "timing/collector_rollout_ms": LegacyRule(PERF_COLLECTION_TIME, 0.001, "ms -> s"),
         "train/dp_sync_time": LegacyRule(PERF_DP_GRADIENT_SYNC_MS_PER_RANK, 1000.0, "s -> ms"),
         "train/dp_gradient_sync_calls": LegacyRule(PERF_DP_GRADIENT_SYNC_CALLS_PER_RANK),
     }
-    for phase in ("collector_wait", "collector_release", "replay_batch_wait", "replay_sample",
-                  "weight_publish"):
+    for phase in (
+        "collector_wait",
+        "collector_release",
+        "replay_batch_wait",
+        "replay_sample",
+        "weight_publish",
+    ):
         t[f"timing/learner_{phase}_ms"] = LegacyRule(f"Perf/learner_{phase}_ms")
-    for phase in ("inference_request", "env_step", "replay_write", "mlp_infer",
-                  "transition_extract", "metrics_publish", "action_validate", "apply_action",
-                  "backend_step", "update_state", "reset_done"):
+    for phase in (
+        "inference_request",
+        "env_step",
+        "replay_write",
+        "mlp_infer",
+        "transition_extract",
+        "metrics_publish",
+        "action_validate",
+        "apply_action",
+        "backend_step",
+        "update_state",
+        "reset_done",
+    ):
         t[f"timing/collector_{phase}_ms"] = LegacyRule(f"Perf/collector_{phase}_ms")
     return t
 
@@ -488,6 +820,7 @@ RETIRED_TAGS: Dict[str, str] = {
 
 
 # ------------------------------------------------------------------------- family helpers
+
 
 def _member(prefix: str, term: str) -> str:
     if not isinstance(term, str) or not _TERM_RE.match(term):
@@ -521,6 +854,7 @@ def policy_tag(name: str) -> str:
 
 # ------------------------------------------------------------------------- lookups
 
+
 def _retired_reason(tag: str) -> Optional[str]:
     for pattern, reason in RETIRED_TAGS.items():
         if fnmatch.fnmatchcase(tag, pattern):
@@ -536,8 +870,11 @@ def is_legacy(tag: str) -> bool:
 def _check_not_legacy(tag: str) -> None:
     if tag in LEGACY_MIGRATION:
         rule = LEGACY_MIGRATION[tag]
-        new = rule.canonical if isinstance(rule.canonical, str) else " / ".join(
-            f"{v} ({k})" for k, v in sorted(rule.canonical.items()))
+        new = (
+            rule.canonical
+            if isinstance(rule.canonical, str)
+            else " / ".join(f"{v} ({k})" for k, v in sorted(rule.canonical.items()))
+        )
         raise MetricSchemaError(f"retired legacy tag '{tag}': use '{new}'")
     reason = _retired_reason(tag)
     if reason is not None:
@@ -619,6 +956,7 @@ def is_canonical(tag: str) -> bool:
 
 # ------------------------------------------------------------------------- validation
 
+
 def _to_float(tag: str, value) -> float:
     if isinstance(value, bool) or isinstance(value, (str, bytes)):
         raise MetricSchemaError(f"value of '{tag}' is {value!r}, not a real number")
@@ -647,9 +985,7 @@ def normalize(metrics: Mapping[str, object]) -> Dict[str, float]:
         spec = spec_of(tag)
         number = _to_float(tag, value)
         if not math.isfinite(number) and not spec.allow_nonfinite:
-            raise MetricSchemaError(
-                f"value of '{tag}' is {number}; {spec.name} must be finite"
-            )
+            raise MetricSchemaError(f"value of '{tag}' is {number}; {spec.name} must be finite")
         out[tag] = number
     return out
 
@@ -711,6 +1047,7 @@ def tags_for(algorithm: str, *, kinds: Iterable[str] = KINDS) -> Tuple[str, ...]
 
 
 # ------------------------------------------------------------------------- self-check
+
 
 def _check_registry() -> None:
     for spec in _SPECS:

@@ -69,7 +69,7 @@ class ReduceType(str, Enum):
 # frexp writes a finite float64 as m * 2**e; m * 2**53 is an integer and e - 53 >= -1126, so
 # every finite float64 is an integer multiple of 2**_EXP_BASE.
 _EXP_BASE = -1126
-_SCALE = Fraction(1, 2 ** -_EXP_BASE)
+_SCALE = Fraction(1, 2**-_EXP_BASE)
 _COUNT_SUFFIX = "__count"
 
 
@@ -103,9 +103,9 @@ def _exact_sum(values: np.ndarray) -> int:
     hi_sums = np.add.reduceat(hi[order], starts).tolist()
     lo_sums = np.add.reduceat(lo[order], starts).tolist()
     total = 0
-    for e, h, l in zip(exp_sorted[starts].tolist(), hi_sums, lo_sums):
+    for e, hi_sum, lo_sum in zip(exp_sorted[starts].tolist(), hi_sums, lo_sums):
         shift = e - 53 - _EXP_BASE
-        total += (h << (shift + 26)) + (l << shift)
+        total += (hi_sum << (shift + 26)) + (lo_sum << shift)
     return total
 
 

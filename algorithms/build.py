@@ -15,13 +15,10 @@ from typing import Any, Dict
 from omegaconf import DictConfig, OmegaConf
 
 from raylab.envs.backend import MAX_THREADS, usable_cores
-from raylab.envs.tasks import TASKS
+from raylab.envs.tasks import PLUMBING_FIELDS, TASKS
 from raylab.errors import UserError
 
 NEVER = 2**62  # an evaluation interval no run reaches
-
-# Fields of the env group that are raylab plumbing, not constructor options of the env.
-_ENV_PLUMBING = ("gym_id", "num_envs", "kwargs")
 
 
 def physics_threads(cfg: DictConfig) -> int:
@@ -49,7 +46,7 @@ def physics_threads(cfg: DictConfig) -> int:
 def env_options(cfg: DictConfig) -> Dict[str, Any]:
     """The keyword arguments the task's vector env receives (besides num_envs)."""
     env = OmegaConf.to_container(cfg.env, resolve=True)
-    options = {k: v for k, v in env.items() if k not in _ENV_PLUMBING}
+    options = {k: v for k, v in env.items() if k not in PLUMBING_FIELDS}
     if "num_threads" in options:
         options["num_threads"] = physics_threads(cfg)
     if cfg.task not in TASKS:

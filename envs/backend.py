@@ -28,7 +28,6 @@ from __future__ import annotations
 import copy
 import os
 import threading
-import time
 from typing import Callable, List, Optional
 
 import mujoco
@@ -295,34 +294,6 @@ class BatchedMujoco:
             self.close()
         except Exception:
             pass
-
-
-def bare_physics_rate(
-    prototype: mujoco.MjModel,
-    num_envs: int,
-    num_threads: int,
-    seconds: float = 5.0,
-    nsubsteps: int = 10,
-    key_id: int = 0,
-    allow_overcommit: bool = False,
-) -> float:
-    """Env-steps/s of ``num_envs`` x ``nsubsteps`` mj_step on ``num_threads`` threads, nothing else.
-
-    A stand-alone measurement a later ``raylab bench`` can call; the Microduck throughput
-    script times the same ``BatchedMujoco.bare_step`` in alternation with the full env.
-    """
-    sim = BatchedMujoco(prototype, num_envs, num_threads, nsubsteps, allow_overcommit)
-    try:
-        for m, d in zip(sim.models, sim.datas):
-            mujoco.mj_resetDataKeyframe(m, d, key_id)
-        sim.bare_step()
-        steps, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            sim.bare_step()
-            steps += 1
-        return steps * num_envs / (time.perf_counter() - t0)
-    finally:
-        sim.close()
 
 
 def model_bytes(model: mujoco.MjModel) -> bytes:

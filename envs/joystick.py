@@ -73,15 +73,12 @@ from raylab.envs.microduck_vec import (  # noqa: F401  (obs terms re-exported fo
     seeded_rngs,
     upright,
 )
+from raylab.envs.tasks import PLUMBING_FIELDS, VECTOR_ONLY_OPTIONS
 
 CONTROL_DT = 0.02  # 50 Hz control in both tasks
 MOVING_COMMAND = 0.1  # |command| above this counts as "move" for the feet terms
 POSE_SIGMA = 1.0  # rad^2: pose = exp(-sum (q - default)^2 / POSE_SIGMA)
 
-# Options that configure the vector env rather than the task; the single env accepts and
-# ignores them so that one env_config serves both.
-VECTOR_ONLY_OPTIONS = ("num_threads", "allow_overcommit", "autoreset_mode", "info_mode")
-PLUMBING_FIELDS = ("gym_id", "num_envs", "kwargs")  # raylab config fields that are not options
 REWARD_PREFIX = "rew_"
 
 
@@ -592,7 +589,7 @@ class JoystickVecEnv(VectorEnv):
 
     def __init__(
         self,
-        num_envs: int = 16,
+        num_envs: int,
         num_threads: int = 1,
         allow_overcommit: bool = False,
         autoreset_mode: str = "next_step",
@@ -671,7 +668,6 @@ class JoystickVecEnv(VectorEnv):
 
         self._needs_reset = np.zeros(n, dtype=bool)
         self._has_reset = False
-        self._track = np.zeros(3)  # sums of |lin error|, |yaw error| and the env-step count
         self.action_clip_count = 0
 
     def draw_push_interval(self, rng: np.random.Generator) -> int:
@@ -772,7 +768,6 @@ class JoystickVecEnv(VectorEnv):
             reward = np.maximum(reward, 0.0)
         terminated, truncated = self.terminations.compute(self, active)
         terminated, truncated = terminated.copy(), truncated.copy()
-        self._track_errors(ids)
 
         info: Dict[str, Any] = {}
         if self.info_mode == "full":
@@ -810,21 +805,6 @@ class JoystickVecEnv(VectorEnv):
         }
 
     # -- logging -----------------------------------------------------------------------------
-
-    def _track_errors(self, ids: np.ndarray) -> None:
-        e_lin = self.command[ids, :2] - self.lin_vel[ids, :2]
-        e_yaw = self.command[ids, 2] - self.gyro[ids, 2]
-        self._track += (np.sum(np.sqrt(_sum_sq(e_lin))), np.sum(np.abs(e_yaw)), ids.size)
-
-    def pop_tracking_stats(self) -> Dict[str, float]:
-        """Mean |cmd_xy - v_xy| (m/s) and |cmd_yaw - yaw rate| (rad/s) over the env-steps since
-        the last call, and their number; then clear them."""
-        lin, yaw, steps = self._track
-        self._track = np.zeros(3)
-        out = {"steps": int(steps)}
-        if steps:
-            out.update(lin_vel_error=float(lin / steps), yaw_rate_error=float(yaw / steps))
-        return out
 
     def pop_log(self) -> Dict[str, float]:
         """``reward/<term>`` means (over envs and env-steps since the last pop, of raw x weight,

@@ -41,6 +41,7 @@ import mujoco
 import numpy as np
 
 from raylab.envs import asset_path
+from raylab.envs.tasks import VECTOR_ONLY_OPTIONS
 
 # ---------------------------------------------------------------------------------------------
 # Constants of the task
@@ -136,7 +137,6 @@ REWARD_WEIGHTS: Dict[str, Dict[str, float]] = {
     },
 }
 
-VECTOR_ONLY_OPTIONS = ("num_threads", "autoreset_mode", "allow_overcommit", "info_mode")
 AUTORESET_MODES = ("next_step", "same_step")
 INFO_MODES = ("none", "full")
 

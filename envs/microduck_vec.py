@@ -294,7 +294,7 @@ class MicroduckBalanceVecEnv(VectorEnv):
 
     def __init__(
         self,
-        num_envs: int = 16,
+        num_envs: int,
         num_threads: int = 1,
         allow_overcommit: bool = False,
         autoreset_mode: str = "next_step",

@@ -181,11 +181,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _not_yet(name: str) -> int:
-    print(f"raylab {name}: not yet available in this version", file=sys.stderr)
-    return 3
-
-
 def _cmd_train(args) -> int:
     from raylab.config import compose, to_yaml
 

@@ -192,9 +192,10 @@ def _video_env(cfg):
 
     import raylab.envs  # noqa: F401
     from raylab.algorithms.build import env_options
+    from raylab.envs.tasks import VECTOR_ONLY_OPTIONS
 
     kwargs = env_options(cfg)
-    for k in ("num_threads", "allow_overcommit", "autoreset_mode", "info_mode"):
+    for k in VECTOR_ONLY_OPTIONS:
         kwargs.pop(k, None)
     return gym.make(cfg.env.gym_id, **kwargs)
 

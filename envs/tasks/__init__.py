@@ -8,7 +8,7 @@ Each task's environment code lives in its own module and is registered with Gymn
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 from omegaconf import MISSING
 
@@ -21,12 +21,23 @@ def _f(default: Any = MISSING, help: str = "", choices: Tuple[str, ...] = (), fa
     return field(default=default, metadata=meta)
 
 
+# Options that configure the vector env rather than the task; the single (reference) envs accept
+# and ignore them, so that one env_config serves both.
+VECTOR_ONLY_OPTIONS = ("num_threads", "allow_overcommit", "autoreset_mode", "info_mode")
+# Fields of EnvConfig that are raylab plumbing, not constructor options of an env.
+PLUMBING_FIELDS = ("gym_id", "num_envs", "kwargs")
+
+
 @dataclass
 class EnvConfig:
     """Options every task has. Any Gymnasium id uses exactly these."""
 
     gym_id: str = _f(MISSING, "Gymnasium id the task is registered under (set by --task)")
-    num_envs: int = _f(16, "envs stepped by each EnvRunner (one batched vector env)")
+    num_envs: int = _f(
+        16,
+        "envs stepped by each EnvRunner (one vector env); the robot tasks set their own in the "
+        "task table: 32 for PPO / APPO, 8 for SAC",
+    )
     num_threads: str = _f(
         "auto",
         "physics threads per EnvRunner (raylab tasks only): a number, or auto = the CPUs the "
@@ -270,11 +281,3 @@ register_task(
         env_defaults=ROBOT_ENV_DEFAULTS,
     )
 )
-
-
-def task_names() -> Tuple[str, ...]:
-    return tuple(TASKS)
-
-
-def lookup(name: str) -> Optional[TaskSpec]:
-    return TASKS.get(name)

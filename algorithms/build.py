@@ -14,7 +14,7 @@ from typing import Any, Dict
 
 from omegaconf import DictConfig, OmegaConf
 
-from raylab.envs.backend import MAX_THREADS, usable_cores
+from raylab.envs.core.backend import MAX_THREADS, usable_cores
 from raylab.envs.tasks import PLUMBING_FIELDS, TASKS
 from raylab.errors import UserError
 

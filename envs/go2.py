@@ -21,6 +21,7 @@ import functools
 import mujoco
 
 from raylab.envs import asset_path
+from raylab.envs.core.managers import ObsTerm
 from raylab.envs.joystick import (
     JoystickEnv,
     JoystickTask,
@@ -33,7 +34,6 @@ from raylab.envs.joystick import (
     obs_joint_pos,
     obs_joint_vel,
 )
-from raylab.envs.managers import ObsTerm
 from raylab.envs.tasks import Go2JoystickFlatConfig
 
 LEGS = ("FR", "FL", "RR", "RL")

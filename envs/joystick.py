@@ -3,9 +3,9 @@
 A joystick task is a :class:`JoystickTask` table (robot model and names, observation terms, gait
 and contact constants, domain-randomisation ranges) plus the options of its config dataclass
 in :mod:`raylab.envs.tasks`. :class:`JoystickVecEnv` runs any such table on
-:class:`~raylab.envs.backend.BatchedMujoco` with the term managers of
-:mod:`raylab.envs.managers`; :class:`JoystickEnv` is the same env with one robot behind the plain
-``gymnasium.Env`` interface (``gymnasium.make``, ``raylab eval``). The two tasks are
+:class:`~raylab.envs.core.vec_env.BatchedVecEnv` with the term managers of
+:mod:`raylab.envs.core.managers`; :class:`JoystickEnv` is the same env with one robot behind the
+plain ``gymnasium.Env`` interface (``gymnasium.make``, ``raylab eval``). The two tasks are
 ``raylab.envs.go2`` (Go2-like quadruped on flat ground) and ``raylab.envs.microduck_joystick``.
 
 Reward terms are shared by both tasks. Each is one function ``f(env) -> (N,)`` of the plain
@@ -48,29 +48,18 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import gymnasium as gym
 import mujoco
 import numpy as np
-from gymnasium.vector import AutoresetMode, VectorEnv
 
-from raylab.envs.backend import BatchedMujoco
-from raylab.envs.managers import (
-    CommandManager,
+from raylab.envs.core.managers import (
     CommandTerm,
-    EventManager,
     EventTerm,
-    ObservationManager,
     ObsTerm,
-    RewardManager,
     RewardTerm,
-    TerminationManager,
     TerminationTerm,
 )
-from raylab.envs.microduck import AUTORESET_MODES, INFO_MODES, check_choice, nominal_physics
+from raylab.envs.core.vec_env import BatchedVecEnv, check_choice, gravity_from_quat
 from raylab.envs.microduck_vec import (  # noqa: F401  (obs terms re-exported for the tasks)
-    check_actions,
-    gravity_from_quat,
-    keep_final,
     obs_action,
     obs_joint_vel,
-    seeded_rngs,
     upright,
 )
 from raylab.envs.tasks import PLUMBING_FIELDS, VECTOR_ONLY_OPTIONS
@@ -549,12 +538,9 @@ def reward_table(opts) -> Tuple[RewardTerm, ...]:
 
 
 def observation_table(task: JoystickTask, opts) -> Tuple[ObsTerm, ...]:
-    """The policy's terms (foot_phase only with a gait clock), then, with ``privileged_obs``,
-    the critic-only privileged terms."""
-    terms = tuple(t for t in task.observations if opts.gait_freq_hz > 0 or t.name != "foot_phase")
-    if opts.privileged_obs:
-        terms += privileged_terms(len(task.feet))
-    return terms
+    """The policy's terms (foot_phase only with a gait clock); ``privileged_obs`` appends
+    :func:`privileged_terms` after them."""
+    return tuple(t for t in task.observations if opts.gait_freq_hz > 0 or t.name != "foot_phase")
 
 
 def _steps(seconds: float) -> int:
@@ -566,7 +552,7 @@ def _steps(seconds: float) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-class JoystickVecEnv(VectorEnv):
+class JoystickVecEnv(BatchedVecEnv):
     """N robots tracking velocity commands, on T physics threads; a ``gymnasium.vector.VectorEnv``.
 
     Subclasses set :attr:`task`. Options: the fields of the task's config dataclass, plus
@@ -585,47 +571,21 @@ class JoystickVecEnv(VectorEnv):
     """
 
     task: JoystickTask
-    metadata = {"render_modes": [], "autoreset_mode": AutoresetMode.NEXT_STEP}
 
-    def __init__(
-        self,
-        num_envs: int,
-        num_threads: int = 1,
-        allow_overcommit: bool = False,
-        autoreset_mode: str = "next_step",
-        info_mode: str = "none",
-        **options,
-    ):
+    def _configure(self, options):
         self.opts = parse_options(self.task.config_cls, options)
-        self.autoreset = check_choice("autoreset_mode", autoreset_mode, AUTORESET_MODES)
-        self.info_mode = check_choice("info_mode", info_mode, INFO_MODES)
-        self.metadata = dict(self.metadata)
-        self.metadata["autoreset_mode"] = (
-            AutoresetMode.NEXT_STEP if self.autoreset == "next_step" else AutoresetMode.SAME_STEP
-        )
-        n = int(num_envs)
         proto = self.task.model()
         self.robot = LeggedRobot.of(proto, self.task.actuators, self.task.feet, self.task.key)
-        self.sim = BatchedMujoco(
-            proto,
-            n,
-            num_threads,
-            nsubsteps=self.task.nsubsteps,
-            allow_overcommit=allow_overcommit,
-            kick_dofs=slice(self.robot.root_dof, self.robot.root_dof + 2),
-        )
-        self.num_envs = n
-        self.num_threads = self.sim.num_threads
-        self.nominal = nominal_physics(proto)
+        return proto, self.task.nsubsteps
+
+    def _build(self) -> None:
+        n = self.num_envs
         nj, nf = len(self.task.actuators), len(self.task.feet)
-        self.num_actions = nj
 
         # Env state: plain arrays, one row per env.
         self.default = self.robot.default
-        self.step_count = np.zeros(n, dtype=np.int64)
         self.action = np.zeros((n, nj))
         self.prev_action = np.zeros((n, nj))
-        self.ctrl = np.zeros((n, proto.nu))
         self.gait_phase = np.zeros(n)
         self.phase_offsets = np.asarray(self.task.foot_phase_offsets, dtype=np.float64)
         self.contact = np.zeros((n, nf), dtype=bool)
@@ -635,11 +595,7 @@ class JoystickVecEnv(VectorEnv):
         self.command = np.zeros((n, 3))  # the command tracked on the current step
         self.moving = np.zeros(n, dtype=bool)
         self.push_countdown = np.zeros(n, dtype=np.int64)
-        self.stepping = np.zeros(n, dtype=bool)
-        self.kick_mask = np.zeros(n, dtype=bool)
-        self.kick = np.zeros((n, 2))
         self.domain: List[Optional[Dict[str, Any]]] = [None] * n
-        self.rngs: List[np.random.Generator] = [np.random.default_rng() for _ in range(n)]
 
         o = self.opts
         velocity = CommandTerm(
@@ -648,27 +604,15 @@ class JoystickVecEnv(VectorEnv):
             resample_steps=(_steps(o.command_resample_s[0]), _steps(o.command_resample_s[1])),
             zero_prob=float(o.command_zero_prob),
         )
-        self.observations = ObservationManager(observation_table(self.task, o), n)
-        self.rewards = RewardManager(reward_table(o), n)
-        self.terminations = TerminationManager(TERMINATIONS, n)
-        self.commands = CommandManager((velocity,), n)
-        self.events = EventManager(EVENTS)
-
-        self.single_observation_space = gym.spaces.Box(
-            -np.inf, np.inf, (self.observations.dim,), np.float32
+        self._init_managers(
+            nj,
+            observation_table(self.task, o),
+            privileged_terms(nf) if o.privileged_obs else (),
+            reward_table(o),
+            TERMINATIONS,
+            (velocity,),
+            EVENTS,
         )
-        # The policy's share of the observation: all of it unless privileged_obs appends the
-        # critic-only terms after it.
-        self.actor_obs_dim = self.observations.dim - (
-            sum(t.size for t in privileged_terms(nf)) if o.privileged_obs else 0
-        )
-        self.single_action_space = gym.spaces.Box(-1.0, 1.0, (nj,), np.float32)
-        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, n)
-        self.action_space = gym.vector.utils.batch_space(self.single_action_space, n)
-
-        self._needs_reset = np.zeros(n, dtype=bool)
-        self._has_reset = False
-        self.action_clip_count = 0
 
     def draw_push_interval(self, rng: np.random.Generator) -> int:
         lo, hi = self.opts.push_interval_s
@@ -709,20 +653,8 @@ class JoystickVecEnv(VectorEnv):
 
     # -- reset -------------------------------------------------------------------------------
 
-    def reset(self, *, seed=None, options: Optional[dict] = None):
-        """Reset every env; ``seed=s`` seeds env i with ``s + i`` (a list: one seed per env)."""
-        n = self.num_envs
-        if seed is not None:
-            self.rngs = seeded_rngs(seed, n)
-        self._reset_envs(np.arange(n))
-        self._has_reset = True
-        self._needs_reset[:] = False
-        self.stepping[:] = False
-        obs = self.observations.compute(self).copy()
-        info: Dict[str, Any] = {}
-        if self.info_mode == "full":
-            info = self._state_info()
-        return obs, info
+    def _reset_info(self) -> Dict[str, Any]:
+        return self._state_info()
 
     def _reset_envs(self, env_ids: np.ndarray) -> None:
         """Events (physics, initial state, push timer), then the first command, per env."""
@@ -734,18 +666,7 @@ class JoystickVecEnv(VectorEnv):
 
     # -- step --------------------------------------------------------------------------------
 
-    def step(self, actions):
-        if not self._has_reset:
-            raise RuntimeError("call reset() before step()")
-        actions, clipped = check_actions(actions, self.num_envs, self.num_actions)
-        self.action_clip_count += clipped
-
-        # NEXT_STEP autoreset: envs whose episode ended on the previous call reset now and
-        # ignore this call's action (reward 0, not done).
-        resetting = self._needs_reset.copy()
-        if resetting.any():
-            self._reset_envs(np.flatnonzero(resetting))
-        self.stepping[:] = ~resetting
+    def _step_envs(self, actions: np.ndarray, resetting: np.ndarray):
         active = self.stepping
         ids = np.flatnonzero(active)
 
@@ -773,24 +694,12 @@ class JoystickVecEnv(VectorEnv):
         if self.info_mode == "full":
             info = self._state_info()
             info["pushed"] = self.kick_mask.copy()
-            info["reward_terms"] = {
-                name: self.rewards.weighted[k].copy() for k, name in enumerate(self.rewards.names)
-            }
-            info["log"] = {**self.rewards.step_log(active), **self.terminations.step_log()}
+            info.update(self._full_step_info(active))
 
         # The next command (resampled when due) is what the observation shows.
         self.commands.step(active, self.rngs)
         self._set_command()
         obs = self.observations.compute(self).copy()
-
-        done = terminated | truncated
-        if self.autoreset == "next_step":
-            self._needs_reset = done
-        elif done.any():
-            # SAME_STEP: keep the final observation, reset now, return the new first one.
-            done_ids = keep_final(obs, info, done, self.info_mode == "full")
-            self._reset_envs(done_ids)
-            obs[done_ids] = self.observations.compute(self)[done_ids]
         return obs, reward, terminated, truncated, info
 
     def _state_info(self) -> Dict[str, np.ndarray]:
@@ -805,15 +714,6 @@ class JoystickVecEnv(VectorEnv):
         }
 
     # -- logging -----------------------------------------------------------------------------
-
-    def pop_log(self) -> Dict[str, float]:
-        """``reward/<term>`` means (over envs and env-steps since the last pop, of raw x weight,
-        before the dt scaling) and ``Episode_Termination/<term>`` counts; then clear them."""
-        return {**self.rewards.pop_log(), **self.terminations.pop_log()}
-
-    def close_extras(self, **kwargs):
-        if hasattr(self, "sim"):  # construction may have failed before the backend existed
-            self.sim.close()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ import mujoco
 import numpy as np
 
 from raylab.envs import asset_path
+from raylab.envs.core.vec_env import check_choice, nominal_physics
 from raylab.envs.tasks import VECTOR_ONLY_OPTIONS
 
 # ---------------------------------------------------------------------------------------------
@@ -137,21 +138,12 @@ REWARD_WEIGHTS: Dict[str, Dict[str, float]] = {
     },
 }
 
-AUTORESET_MODES = ("next_step", "same_step")
-INFO_MODES = ("none", "full")
-
 
 def is_fallen(trunk_height, upright_cos):
     """Whether the duck is down (scalars or arrays): the one survival definition of the task,
     used by both envs' ``info["fallen"]``, their episode statistics, ``raylab eval`` and the
     baselines."""
     return (trunk_height < SURVIVAL_MIN_HEIGHT) | (upright_cos < SURVIVAL_MIN_UPRIGHT)
-
-
-def check_choice(name: str, value: Any, choices: Tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ValueError(f"unknown {name} {value!r}; valid choices: {', '.join(choices)}")
-    return value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -512,23 +504,6 @@ def check_episode_params(p: Any, robot: RobotIndex, episode_steps: int) -> Episo
 # ---------------------------------------------------------------------------------------------
 # Writing an episode's physics into a model (and restoring it exactly)
 # ---------------------------------------------------------------------------------------------
-
-NOMINAL_FIELDS = (
-    "actuator_gainprm",
-    "actuator_biasprm",
-    "actuator_forcerange",
-    "dof_damping",
-    "dof_frictionloss",
-    "dof_armature",
-    "body_mass",
-    "body_inertia",
-    "geom_friction",
-)
-
-
-def nominal_physics(model: mujoco.MjModel) -> Dict[str, np.ndarray]:
-    """Copies of every model field domain randomisation writes."""
-    return {name: getattr(model, name).copy() for name in NOMINAL_FIELDS}
 
 
 def apply_physics_params(

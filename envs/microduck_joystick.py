@@ -22,6 +22,7 @@ import functools
 import mujoco
 
 from raylab.envs import asset_path
+from raylab.envs.core.managers import ObsTerm
 from raylab.envs.joystick import (
     DomainRanges,
     JoystickEnv,
@@ -35,7 +36,6 @@ from raylab.envs.joystick import (
     obs_joint_pos,
     obs_joint_vel,
 )
-from raylab.envs.managers import ObsTerm
 from raylab.envs.microduck import (
     ACTUATOR_NAMES,
     FRICTION_SCALE_RANGE,

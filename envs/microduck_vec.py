@@ -5,8 +5,8 @@ vectorization_mode="vector_entry_point", num_threads=T, **options)`` builds
 :class:`MicroduckBalanceVecEnv`. Given the same :class:`~raylab.envs.microduck.EpisodeParams` and
 actions, env i returns exactly the bits of the reference env
 (:class:`~raylab.envs.microduck.MicroduckBalanceEnv`); the task is written here as term tables
-(:mod:`raylab.envs.managers`) computed for all envs at once with NumPy, on top of the shared
-physics backend (:mod:`raylab.envs.backend`).
+(:mod:`raylab.envs.core.managers`) computed for all envs at once with NumPy, on top of the shared
+physics backend (:mod:`raylab.envs.core.backend`).
 
 Env state is plain arrays, one row per env (``joint_pos``, ``joint_vel``, ``action``,
 ``step_count``, ...); every term function below reads them.
@@ -14,45 +14,27 @@ Env state is plain arrays, one row per env (``joint_pos``, ``joint_vel``, ``acti
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
-import gymnasium as gym
 import numpy as np
-from gymnasium.vector import AutoresetMode, VectorEnv
 
-from raylab.envs.backend import BatchedMujoco
-from raylab.envs.managers import (
-    CommandManager,
-    EventManager,
-    EventTerm,
-    ObservationManager,
-    ObsTerm,
-    RewardManager,
-    RewardTerm,
-    TerminationManager,
-    TerminationTerm,
-)
+from raylab.envs.core.managers import EventTerm, ObsTerm, RewardTerm, TerminationTerm
+from raylab.envs.core.vec_env import BatchedVecEnv, gravity_from_quat
 from raylab.envs.microduck import (
-    AUTORESET_MODES,
     GYRO_NOISE_STD,
     HEIGHT_SIGMA,
-    INFO_MODES,
     MAX_LATENCY,
     N_SUBSTEPS,
     NUM_ACTIONS,
-    OBS_DIM,
-    PRIVILEGED_DIM,
     QUAT_NOISE_STD,
     REWARD_WEIGHTS,
     STAND_HEIGHT,
     BalanceOptions,
     EpisodeParams,
     apply_physics_params,
-    check_choice,
     check_episode_params,
     draw_episode_params,
     is_fallen,
-    nominal_physics,
     prototype,
     robot_index,
 )
@@ -62,67 +44,10 @@ from raylab.envs.microduck import (
 # ---------------------------------------------------------------------------------------------
 
 
-def gravity_from_quat(quat: np.ndarray) -> np.ndarray:
-    """(N, 4) quaternions (w, x, y, z), normalised here -> (N, 3) gravity in the body frame."""
-    w, x, y, z = quat[:, 0], quat[:, 1], quat[:, 2], quat[:, 3]
-    norm = np.sqrt(w * w + x * x + y * y + z * z)
-    w, x, y, z = w / norm, x / norm, y / norm, z / norm
-    out = np.empty((quat.shape[0], 3))
-    out[:, 0] = -(2.0 * (x * z - w * y))
-    out[:, 1] = -(2.0 * (y * z + w * x))
-    out[:, 2] = -(1.0 - 2.0 * (x * x + y * y))
-    return out
-
-
 def _mean_square(x: np.ndarray) -> np.ndarray:
     """Row mean of x*x: a C-contiguous (N, k) array reduced along its last axis (same pairwise
     summation as the reference's 1-D mean)."""
     return np.mean(np.ascontiguousarray(x * x), axis=1)
-
-
-# vector-env plumbing shared with the joystick tasks (envs/joystick.py)
-def seeded_rngs(seed, n: int) -> List[np.random.Generator]:
-    """``reset(seed=...)``: an int s seeds env i with s + i; a sequence gives one seed per env."""
-    seeds = (
-        list(seed)
-        if isinstance(seed, (list, tuple, np.ndarray))
-        else [int(seed) + i for i in range(n)]
-    )
-    if len(seeds) != n:
-        raise ValueError(f"reset got {len(seeds)} seeds for {n} envs")
-    return [np.random.default_rng(s) for s in seeds]
-
-
-def check_actions(actions, num_envs: int, num_actions: int) -> Tuple[np.ndarray, int]:
-    """(num_envs, num_actions) finite actions clipped to [-1, 1], and how many entries were
-    clipped; anything else raises one clear ValueError."""
-    a = np.asarray(actions, dtype=np.float64)
-    if a.shape != (num_envs, num_actions):
-        raise ValueError(f"actions must have shape ({num_envs}, {num_actions}), got {a.shape}")
-    bad = ~np.isfinite(a).all(axis=1)
-    if bad.any():
-        raise ValueError(
-            f"actions contain NaN or Inf in env(s) {np.flatnonzero(bad).tolist()}; "
-            f"actions must be finite (values outside [-1, 1] are clipped)"
-        )
-    clipped = np.clip(a, -1.0, 1.0)
-    return clipped, int(np.count_nonzero(clipped != a))
-
-
-def keep_final(
-    obs: np.ndarray, info: Dict[str, Any], done: np.ndarray, full_info: bool
-) -> np.ndarray:
-    """SAME_STEP autoreset: the ending envs' final observation (and info, in full info mode)
-    go into ``info`` the Gymnasium way; returns their ids, which the caller then resets."""
-    done_ids = np.flatnonzero(done)
-    final_obs = np.zeros_like(obs)
-    final_obs[done_ids] = obs[done_ids]
-    if full_info:
-        info["final_info"] = {k: v for k, v in info.items() if k != "log"}
-        info["_final_info"] = done.copy()
-    info["final_obs"] = final_obs
-    info["_final_obs"] = done.copy()
-    return done_ids
 
 
 # observation terms
@@ -274,7 +199,7 @@ COMMANDS = ()  # balance has no command; the joystick tasks add theirs here
 # ---------------------------------------------------------------------------------------------
 
 
-class MicroduckBalanceVecEnv(VectorEnv):
+class MicroduckBalanceVecEnv(BatchedVecEnv):
     """N Microducks stepped on T threads; a ``gymnasium.vector.VectorEnv``.
 
     Options: the fields of ``MicroduckBalanceConfig`` plus ``num_threads``, ``allow_overcommit``,
@@ -290,51 +215,29 @@ class MicroduckBalanceVecEnv(VectorEnv):
     Logging statistics accumulate in both modes; :meth:`pop_log` returns and clears them.
     """
 
-    metadata = {"render_modes": [], "autoreset_mode": AutoresetMode.NEXT_STEP}
-
-    def __init__(
-        self,
-        num_envs: int,
-        num_threads: int = 1,
-        allow_overcommit: bool = False,
-        autoreset_mode: str = "next_step",
-        info_mode: str = "none",
-        **options,
-    ):
+    def _configure(self, options):
         self.opts = BalanceOptions.from_kwargs(**options)
         self.reward_version = self.opts.reward_version
-        self.autoreset = check_choice("autoreset_mode", autoreset_mode, AUTORESET_MODES)
-        self.info_mode = check_choice("info_mode", info_mode, INFO_MODES)
-        self.metadata = dict(self.metadata)
-        self.metadata["autoreset_mode"] = (
-            AutoresetMode.NEXT_STEP if self.autoreset == "next_step" else AutoresetMode.SAME_STEP
-        )
-        n = int(num_envs)
-        self.num_envs = n
         self.robot = robot_index(self.opts.variant)
-        self.sim = BatchedMujoco(
-            prototype(self.opts.variant),
-            n,
-            num_threads,
-            nsubsteps=N_SUBSTEPS,
-            allow_overcommit=allow_overcommit,
-            kick_dofs=slice(self.robot.root_dof, self.robot.root_dof + 2),
-        )
-        self.num_threads = self.sim.num_threads
-        self.nominal = nominal_physics(self.sim.prototype)
+        return prototype(self.opts.variant), N_SUBSTEPS
 
-        dim = OBS_DIM + (PRIVILEGED_DIM if self.opts.privileged_obs else 0)
-        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (dim,), np.float32)
-        self.single_action_space = gym.spaces.Box(-1.0, 1.0, (NUM_ACTIONS,), np.float32)
-        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, n)
-        self.action_space = gym.vector.utils.batch_space(self.single_action_space, n)
+    def _build(self) -> None:
+        n = self.num_envs
+        self._init_managers(
+            NUM_ACTIONS,
+            OBSERVATIONS,
+            PRIVILEGED_OBSERVATIONS if self.opts.privileged_obs else (),
+            REWARDS[self.reward_version],
+            TERMINATIONS,
+            COMMANDS,
+            EVENTS,
+        )
 
         # Env state: plain arrays, one row per env.
         self.stand = self.robot.stand
         self.lower, self.upper = self.robot.lower, self.robot.upper
         self.episode_steps = self.opts.episode_steps
         self.action_scale = self.opts.action_scale
-        self.step_count = np.zeros(n, dtype=np.int64)
         self.action = np.zeros((n, NUM_ACTIONS))  # the action taken on the last step
         self.prev_action = np.zeros((n, NUM_ACTIONS))  # the one before it
         self.action_history = np.zeros((n, MAX_LATENCY + 1, NUM_ACTIONS))  # oldest first
@@ -344,28 +247,13 @@ class MicroduckBalanceVecEnv(VectorEnv):
         self.episode_params: List[Optional[EpisodeParams]] = [None] * n
         self.push_steps = np.full((n, 1), -1, dtype=np.int64)  # -1 pads unused slots
         self.push_vel = np.zeros((n, 1, 2))
-        self.stepping = np.zeros(n, dtype=bool)  # envs that step physics this call
-        self.kick_mask = np.zeros(n, dtype=bool)
-        self.kick = np.zeros((n, 2))
-        self.ctrl = np.zeros((n, self.sim.prototype.nu))
         self.obs_gyro = np.zeros((n, 3))
         self.obs_gravity = np.zeros((n, 3))
 
-        self.rngs: List[np.random.Generator] = [np.random.default_rng() for _ in range(n)]
-        terms = OBSERVATIONS + (PRIVILEGED_OBSERVATIONS if self.opts.privileged_obs else ())
-        self.observations = ObservationManager(terms, n)
-        self.actor_obs_dim = ObservationManager(OBSERVATIONS, 1).dim
-        self.rewards = RewardManager(REWARDS[self.reward_version], n)
-        self.terminations = TerminationManager(TERMINATIONS, n)
-        self.commands = CommandManager(COMMANDS, n)
-        self.events = EventManager(EVENTS)
-        self._needs_reset = np.zeros(n, dtype=bool)
-        self._has_reset = False
         # Survival statistics of the running episodes and of those finished since the last pop.
         self._alive_steps = np.zeros(n, dtype=np.int64)  # steps not fallen (is_fallen)
         self._height_sum = np.zeros(n)
         self._finished = {"episodes": 0, "survival": 0.0, "trunk_height": 0.0}
-        self.action_clip_count = 0  # action entries clipped to [-1, 1] since construction
 
     # -- sensors -----------------------------------------------------------------------------
 
@@ -381,7 +269,7 @@ class MicroduckBalanceVecEnv(VectorEnv):
         self.lin_vel = sd[:, s["local_linvel"]]
         self.upright_cos = -gravity_from_quat(self.quat)[:, 2]
 
-    def _observe_sensors(self, env_ids: np.ndarray) -> None:
+    def _observe(self, env_ids: np.ndarray) -> None:
         """The observed gyro and gravity of ``env_ids``: one sensor-noise draw per env and
         returned observation, from that episode's own noise stream."""
         if env_ids.size == 0:
@@ -404,26 +292,20 @@ class MicroduckBalanceVecEnv(VectorEnv):
         """Reset every env. ``seed=s`` seeds env i with ``s + i`` (a list gives one seed per env);
         ``options={"episode_params": [p_0, ..., p_N-1]}`` replays drawn values (None entries
         draw)."""
-        n = self.num_envs
-        if seed is not None:
-            self.rngs = seeded_rngs(seed, n)
         replay = (options or {}).get("episode_params")
-        if replay is not None and len(replay) != n:
-            raise ValueError(f"episode_params has {len(replay)} entries for {n} envs")
-        ids = np.arange(n)
-        self._reset_envs(ids, replay)
-        self._has_reset = True
+        if replay is not None and len(replay) != self.num_envs:
+            raise ValueError(f"episode_params has {len(replay)} entries for {self.num_envs} envs")
+        return super().reset(seed=seed, options=options)
+
+    def _reset_all(self, env_ids: np.ndarray, options: Dict[str, Any]) -> None:
+        self._reset_envs(env_ids, options.get("episode_params"))
         self._alive_steps[:] = 0  # episodes cut short by this reset are not counted
         self._height_sum[:] = 0.0
-        self._needs_reset[:] = False
-        self.stepping[:] = False
-        self._observe_sensors(ids)
-        obs = self.observations.compute(self).copy()
-        info: Dict[str, Any] = {}
-        if self.info_mode == "full":
-            info = self._state_info(np.zeros(n, dtype=bool))
-            info["episode_params"] = self._params_array()
-        return obs, info
+
+    def _reset_info(self) -> Dict[str, Any]:
+        info = self._state_info(np.zeros(self.num_envs, dtype=bool))
+        info["episode_params"] = self._params_array()
+        return info
 
     def _reset_envs(self, env_ids: np.ndarray, replay: Optional[Sequence] = None) -> None:
         for k, i in enumerate(env_ids):
@@ -463,20 +345,9 @@ class MicroduckBalanceVecEnv(VectorEnv):
 
     # -- step --------------------------------------------------------------------------------
 
-    def step(self, actions):
-        if not self._has_reset:
-            raise RuntimeError("call reset() before step()")
-        actions, clipped = check_actions(actions, self.num_envs, NUM_ACTIONS)
-        self.action_clip_count += clipped
+    def _step_envs(self, actions: np.ndarray, resetting: np.ndarray):
         n = self.num_envs
-
-        # NEXT_STEP autoreset: envs whose episode ended on the previous call reset now and
-        # ignore this call's action (reward 0, not done).
-        resetting = self._needs_reset.copy()
         reset_ids = np.flatnonzero(resetting)
-        if reset_ids.size:
-            self._reset_envs(reset_ids)
-        self.stepping[:] = ~resetting
         active = self.stepping
         act_ids = np.flatnonzero(active)
 
@@ -496,7 +367,7 @@ class MicroduckBalanceVecEnv(VectorEnv):
         self.commands.step(active, self.rngs)
 
         self._read_sensors()
-        self._observe_sensors(np.arange(n))
+        self._observe(np.arange(n))
         obs = self.observations.compute(self).copy()
         reward = self.rewards.compute(self, active).copy()
         terminated, truncated = self.terminations.compute(self, active)
@@ -507,23 +378,12 @@ class MicroduckBalanceVecEnv(VectorEnv):
         info: Dict[str, Any] = {}
         if self.info_mode == "full":
             info = self._state_info(self.kick_mask)
-            info["reward_terms"] = {
-                name: self.rewards.weighted[k].copy() for k, name in enumerate(self.rewards.names)
-            }
+            full = self._full_step_info(active)
+            info["reward_terms"] = full["reward_terms"]
             if reset_ids.size:
                 info["episode_params"] = self._params_array()
                 info["_episode_params"] = resetting.copy()
-            info["log"] = {**self.rewards.step_log(active), **self.terminations.step_log()}
-
-        if self.autoreset == "next_step":
-            self._needs_reset = done
-        elif done.any():
-            # SAME_STEP: keep the final observation (and info), reset now, return the first
-            # observation of the new episode.
-            done_ids = keep_final(obs, info, done, self.info_mode == "full")
-            self._reset_envs(done_ids)
-            self._observe_sensors(done_ids)
-            obs[done_ids] = self.observations.compute(self)[done_ids]
+            info["log"] = full["log"]
         return obs, reward, terminated, truncated, info
 
     def _state_info(self, pushed: np.ndarray) -> Dict[str, np.ndarray]:
@@ -560,12 +420,3 @@ class MicroduckBalanceVecEnv(VectorEnv):
             out["trunk_height"] = f["trunk_height"] / n
         self._finished = {"episodes": 0, "survival": 0.0, "trunk_height": 0.0}
         return out
-
-    def pop_log(self) -> Dict[str, float]:
-        """``reward/<term>`` means (over envs and env-steps since the last pop, of raw x weight)
-        and ``Episode_Termination/<term>`` episode counts since the last pop; then clear them."""
-        return {**self.rewards.pop_log(), **self.terminations.pop_log()}
-
-    def close_extras(self, **kwargs):
-        if hasattr(self, "sim"):  # construction may have failed before the backend existed
-            self.sim.close()

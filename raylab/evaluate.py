@@ -102,7 +102,7 @@ def baseline_scores(
             return json.loads(path.read_text())["scores"]
         except (ValueError, KeyError):
             pass  # a broken cache file is recomputed
-    from raylab.envs.backend import usable_cores
+    from raylab.envs.core.backend import usable_cores
 
     env = make_eval_env(cfg, min(episodes, MAX_EVAL_ENVS), num_threads=usable_cores())
     try:
@@ -287,7 +287,7 @@ def evaluate(run_dir: str, checkpoint: Optional[str], episodes: int, seed: int, 
         ckpt = Path(checkpoint)
     check_checkpoint(ckpt, cfg.algo.name)
     module = load_policy(ckpt)
-    from raylab.envs.backend import usable_cores
+    from raylab.envs.core.backend import usable_cores
 
     env = make_eval_env(cfg, min(episodes, MAX_EVAL_ENVS), num_threads=usable_cores())
     print(f"raylab: evaluating {ckpt} on {cfg.task}, {episodes} episodes", file=sys.stderr)
@@ -389,7 +389,7 @@ def track_error_main(argv=None) -> int:
             from raylab.config import compose
 
             cfg = compose("ppo", a.task or JOYSTICK_TASKS[0], "mujoco", [])
-        from raylab.envs.backend import usable_cores
+        from raylab.envs.core.backend import usable_cores
 
         env = make_eval_env(cfg, min(a.episodes, MAX_EVAL_ENVS), num_threads=usable_cores())
         space = env.single_action_space

@@ -16,7 +16,7 @@ from raylab.algorithms.build import build_algorithm_config, physics_threads, use
 from raylab.algorithms.env_runner import RaylabEnvRunner, RaylabFastEnvRunner
 from raylab.algorithms.rollout import RolloutLoop, env_actions
 from raylab.config import compose
-from raylab.envs.backend import MAX_THREADS
+from raylab.envs.core.backend import MAX_THREADS
 from raylab.envs.microduck_vec import MicroduckBalanceVecEnv
 from raylab.errors import UserError
 

@@ -15,6 +15,7 @@ from gymnasium.wrappers.vector import DictInfoToList
 import raylab.envs  # noqa: F401  (registers the ids)
 from raylab.algorithms.evaluation import eval_vec_env, hold_pose_policy, run_policy_episodes
 from raylab.config import compose
+from raylab.envs.core.managers import reward_tag, termination_tag
 from raylab.envs.go2 import Go2JoystickFlatEnv, Go2JoystickFlatVecEnv
 from raylab.envs.joystick import (
     CONTROL_DT,
@@ -22,7 +23,6 @@ from raylab.envs.joystick import (
     REWARD_TERMS,
     reward_weight_fields,
 )
-from raylab.envs.managers import reward_tag, termination_tag
 from raylab.envs.microduck_joystick import MicroduckJoystickEnv, MicroduckJoystickVecEnv
 from raylab.envs.microduck_vec import MicroduckBalanceVecEnv
 from raylab.envs.tasks import TASKS, Go2JoystickFlatConfig, MicroduckJoystickConfig

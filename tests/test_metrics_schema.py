@@ -225,7 +225,7 @@ def test_family_helpers():
 def test_the_envs_log_keys_are_the_schema_families():
     """The envs (bottom layer) spell the two family prefixes themselves; they must stay the
     schema's."""
-    from raylab.envs import managers
+    from raylab.envs.core import managers
 
     for term in ("alive", "upright", "time_out", "fallen"):
         assert managers.reward_tag(term) == schema.reward_tag(term)

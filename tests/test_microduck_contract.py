@@ -116,15 +116,14 @@ def test_a_sequential_sum_instead_of_numpys_pairwise_mean_is_detected(monkeypatc
 
 
 def test_a_float64_observation_scale_is_detected(monkeypatch):
-    from raylab.envs import managers
-    from raylab.envs import microduck_vec as mv
+    from raylab.envs.core import managers, vec_env
 
     class Float64Scale(managers.ObservationManager):
         def __init__(self, terms, num_envs):
             super().__init__(terms, num_envs)
             self.scale = np.array([float(f"{s:.6g}") for s in self.scale])  # 0.05, not 0.05f
 
-    monkeypatch.setattr(mv, "ObservationManager", Float64Scale)
+    monkeypatch.setattr(vec_env, "ObservationManager", Float64Scale)
     c = contract.run_case(_V1)
     assert c.identical_observations < c.observations
 
@@ -132,7 +131,7 @@ def test_a_float64_observation_scale_is_detected(monkeypatch):
 def test_skipping_the_post_step_mj_forward_is_detected(monkeypatch):
     import mujoco
 
-    from raylab.envs.backend import BatchedMujoco
+    from raylab.envs.core.backend import BatchedMujoco
 
     def step_without_forward(self, k):
         for i in self._owned[k]:

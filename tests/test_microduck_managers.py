@@ -1,4 +1,4 @@
-"""Term-table managers (raylab.envs.managers) on small hand-made envs."""
+"""Term-table managers (raylab.envs.core.managers) on small hand-made envs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from raylab.envs.managers import (
+from raylab.envs.core.managers import (
     CommandManager,
     CommandTerm,
     EventManager,

@@ -12,8 +12,8 @@ import pytest
 from gymnasium.wrappers.vector import DictInfoToList
 
 import raylab.envs  # noqa: F401  (registers the ids)
-from raylab.envs.backend import model_bytes, owned_envs, thread_limit
-from raylab.envs.managers import reward_tag, termination_tag
+from raylab.envs.core.backend import model_bytes, owned_envs, thread_limit
+from raylab.envs.core.managers import reward_tag, termination_tag
 from raylab.envs.microduck import (
     REWARD_WEIGHTS,
     BalanceOptions,
@@ -488,7 +488,7 @@ def test_baselines_hold_pose_beats_random():
 def test_balance_models_use_the_sensor_pass_and_it_equals_mj_forward(variant):
     """The batched env evaluates Microduck's sensors with the partial forward pass; on post-step
     states under random controls and kicks, it writes the same bits as a full mj_forward."""
-    from raylab.envs.backend import sensor_pass, sensor_pass_applies
+    from raylab.envs.core.backend import sensor_pass, sensor_pass_applies
 
     m = prototype(variant)
     assert sensor_pass_applies(m)
@@ -516,7 +516,7 @@ def test_balance_models_use_the_sensor_pass_and_it_equals_mj_forward(variant):
 def test_models_with_contact_sensors_keep_the_full_forward_pass():
     import raylab.envs.go2 as go2
     import raylab.envs.microduck_joystick as mj
-    from raylab.envs.backend import BatchedMujoco, sensor_pass_applies
+    from raylab.envs.core.backend import BatchedMujoco, sensor_pass_applies
 
     for proto in (go2.prototype(), mj.prototype()):
         assert any(t == mujoco.mjtSensor.mjSENS_TOUCH for t in proto.sensor_type)
@@ -532,7 +532,7 @@ def test_the_sensor_pass_misses_what_only_mj_forward_computes():
     """A touch sensor reads the constraint forces: the sensor pass would leave it stale, which is
     why models with one are not given it (this test fails if that ever stops being true)."""
     import raylab.envs.go2 as go2
-    from raylab.envs.backend import sensor_pass
+    from raylab.envs.core.backend import sensor_pass
 
     m = go2.prototype()
     d, full = mujoco.MjData(m), mujoco.MjData(m)

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
-from raylab.envs.backend import usable_cores  # noqa: F401  (also this module's public name)
+from raylab.envs.core.backend import usable_cores  # noqa: F401  (also this module's public name)
 from raylab.errors import UserError
 
 RESULT_SCHEMA = "raylab.bench/1"

@@ -96,7 +96,7 @@ def _gym_id(task: str) -> str:
 
 
 def _check_threads(values: Sequence[int], allow_overcommit: bool) -> None:
-    from raylab.envs.backend import check_num_threads
+    from raylab.envs.core.backend import check_num_threads
 
     for t in values:
         try:

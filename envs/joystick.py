@@ -56,13 +56,14 @@ from raylab.envs.core.managers import (
     RewardTerm,
     TerminationTerm,
 )
-from raylab.envs.core.vec_env import BatchedVecEnv, check_choice, gravity_from_quat
+from raylab.envs.core.options import parse_options
+from raylab.envs.core.vec_env import BatchedVecEnv, gravity_from_quat
 from raylab.envs.microduck_vec import (  # noqa: F401  (obs terms re-exported for the tasks)
     obs_action,
     obs_joint_vel,
     upright,
 )
-from raylab.envs.tasks import PLUMBING_FIELDS, VECTOR_ONLY_OPTIONS
+from raylab.envs.tasks import VECTOR_ONLY_OPTIONS
 
 CONTROL_DT = 0.02  # 50 Hz control in both tasks
 MOVING_COMMAND = 0.1  # |command| above this counts as "move" for the feet terms
@@ -468,28 +469,10 @@ class JoystickTask:
     domain: DomainRanges = DomainRanges()
 
 
-def parse_options(config_cls: type, options: Dict[str, Any]):
-    """The task's config dataclass filled from ``options`` (defaults for the rest), checked.
+def check_joystick_options(o) -> None:
+    """The value checks of a joystick task's options (run by
+    :func:`~raylab.envs.core.options.parse_options`)."""
 
-    Unknown names: ``TypeError`` listing the valid ones. Bad values: one-line ``ValueError``
-    naming the value and the valid choices or range.
-    """
-    names = [f.name for f in fields(config_cls) if f.name not in PLUMBING_FIELDS]
-    unknown = sorted(set(options) - set(names))
-    if unknown:
-        raise TypeError(
-            f"unknown option(s) {', '.join(unknown)}; valid options: {', '.join(sorted(names))}"
-        )
-    opts = config_cls(gym_id="", **options)
-    for f in fields(config_cls):
-        choices = f.metadata.get("choices") or ()
-        if choices:
-            check_choice(f.name, getattr(opts, f.name), choices)
-    _check_values(opts)
-    return opts
-
-
-def _check_values(o) -> None:
     def bad(msg):
         raise ValueError(msg)
 
@@ -573,7 +556,7 @@ class JoystickVecEnv(BatchedVecEnv):
     task: JoystickTask
 
     def _configure(self, options):
-        self.opts = parse_options(self.task.config_cls, options)
+        self.opts = parse_options(self.task.config_cls, options, check_joystick_options)
         proto = self.task.model()
         self.robot = LeggedRobot.of(proto, self.task.actuators, self.task.feet, self.task.key)
         return proto, self.task.nsubsteps

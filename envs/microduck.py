@@ -41,8 +41,9 @@ import mujoco
 import numpy as np
 
 from raylab.envs import asset_path
+from raylab.envs.core.options import parse_options
 from raylab.envs.core.vec_env import check_choice, nominal_physics
-from raylab.envs.tasks import VECTOR_ONLY_OPTIONS
+from raylab.envs.tasks import MicroduckBalanceConfig
 
 # ---------------------------------------------------------------------------------------------
 # Constants of the task
@@ -151,54 +152,33 @@ def is_fallen(trunk_height, upright_cos):
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class BalanceOptions:
-    reward_version: str = "v2"
-    variant: str = "default"
-    episode_steps: int = 250
-    action_scale: float = 0.35
-    num_pushes: int = 3
-    push_vel_min: float = 0.15
-    push_vel_max: float = 0.45
-    init_noise: float = 0.02
-    latency_steps: int = 0
-    sensor_noise: bool = False
-    domain_randomization: bool = False
-    privileged_obs: bool = False
+def check_balance_options(o) -> None:
+    """The value checks of the balance options (``MicroduckBalanceConfig``, filled by
+    :func:`balance_options`); each raises one line naming the value and the valid range."""
+    if int(o.episode_steps) < 1:
+        raise ValueError(f"episode_steps={o.episode_steps} is invalid; it must be >= 1")
+    if not (0 <= int(o.latency_steps) <= MAX_LATENCY):
+        raise ValueError(
+            f"latency_steps={o.latency_steps} is invalid; valid range: 0..{MAX_LATENCY}"
+        )
+    for name in ("action_scale", "push_vel_min", "push_vel_max", "init_noise"):
+        v = float(getattr(o, name))
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"{name}={v} is invalid; it must be finite and >= 0")
+    if o.push_vel_min > o.push_vel_max:
+        raise ValueError(f"push_vel_min={o.push_vel_min} is above push_vel_max={o.push_vel_max}")
+    n_slots = len(push_slots(int(o.episode_steps)))
+    if not (0 <= int(o.num_pushes) <= n_slots):
+        raise ValueError(
+            f"num_pushes={o.num_pushes} does not fit: pushes land on distinct control "
+            f"steps at least {PUSH_MARGIN_STEPS} steps from either end, {n_slots} such "
+            f"steps in an episode of {o.episode_steps}"
+        )
 
-    def __post_init__(self):
-        check_choice("reward_version", self.reward_version, REWARD_VERSIONS)
-        check_choice("variant", self.variant, VARIANTS)
-        if int(self.episode_steps) < 1:
-            raise ValueError(f"episode_steps={self.episode_steps} is invalid; it must be >= 1")
-        if not (0 <= int(self.latency_steps) <= MAX_LATENCY):
-            raise ValueError(
-                f"latency_steps={self.latency_steps} is invalid; valid range: 0..{MAX_LATENCY}"
-            )
-        for name in ("action_scale", "push_vel_min", "push_vel_max", "init_noise"):
-            v = float(getattr(self, name))
-            if not math.isfinite(v) or v < 0:
-                raise ValueError(f"{name}={v} is invalid; it must be finite and >= 0")
-        if self.push_vel_min > self.push_vel_max:
-            raise ValueError(
-                f"push_vel_min={self.push_vel_min} is above push_vel_max={self.push_vel_max}"
-            )
-        n_slots = len(push_slots(int(self.episode_steps)))
-        if not (0 <= int(self.num_pushes) <= n_slots):
-            raise ValueError(
-                f"num_pushes={self.num_pushes} does not fit: pushes land on distinct control "
-                f"steps at least {PUSH_MARGIN_STEPS} steps from either end, {n_slots} such "
-                f"steps in an episode of {self.episode_steps}"
-            )
 
-    @classmethod
-    def from_kwargs(cls, **kwargs) -> "BalanceOptions":
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(kwargs) - names - set(VECTOR_ONLY_OPTIONS))
-        if unknown:
-            valid = ", ".join(sorted(names | set(VECTOR_ONLY_OPTIONS)))
-            raise TypeError(f"unknown option(s) {', '.join(unknown)}; valid options: {valid}")
-        return cls(**{k: v for k, v in kwargs.items() if k in names})
+def balance_options(options: Dict[str, Any]) -> MicroduckBalanceConfig:
+    """The balance task's options from keyword options (both envs), checked."""
+    return parse_options(MicroduckBalanceConfig, options, check_balance_options)
 
 
 def push_slots(episode_steps: int) -> np.ndarray:
@@ -427,7 +407,7 @@ class EpisodeParams:
 
 
 def draw_episode_params(
-    rng: np.random.Generator, opts: BalanceOptions, robot: RobotIndex
+    rng: np.random.Generator, opts: MicroduckBalanceConfig, robot: RobotIndex
 ) -> EpisodeParams:
     """Draw one episode. The order of draws is part of the contract (same seed, same episode):
 
@@ -569,7 +549,7 @@ class MicroduckBalanceEnv(gym.Env):
     def __init__(self, render_mode: Optional[str] = None, **options):
         if render_mode is not None:
             raise ValueError(f"render_mode={render_mode!r} is not supported; valid choices: None")
-        self.opts = BalanceOptions.from_kwargs(**options)
+        self.opts = balance_options(options)
         self.reward_version = self.opts.reward_version
         self.model = load_model(self.opts.variant)
         self.data = mujoco.MjData(self.model)

@@ -29,9 +29,9 @@ from raylab.envs.microduck import (
     QUAT_NOISE_STD,
     REWARD_WEIGHTS,
     STAND_HEIGHT,
-    BalanceOptions,
     EpisodeParams,
     apply_physics_params,
+    balance_options,
     check_episode_params,
     draw_episode_params,
     is_fallen,
@@ -216,7 +216,7 @@ class MicroduckBalanceVecEnv(BatchedVecEnv):
     """
 
     def _configure(self, options):
-        self.opts = BalanceOptions.from_kwargs(**options)
+        self.opts = balance_options(options)
         self.reward_version = self.opts.reward_version
         self.robot = robot_index(self.opts.variant)
         return prototype(self.opts.variant), N_SUBSTEPS

@@ -10,9 +10,10 @@ track-error tool (all in :mod:`raylab.evaluate`) run their episodes with
   vector env (env ``i`` of a round seeded ``seed + first + i``), one episode per env;
 - actions are the policy's deterministic ones (the mean of its Gaussian), in the env's units;
 - survival is the task's own definition: the share of an episode's steps on which
-  ``info["fallen"]`` is false (Microduck balance: :func:`raylab.envs.microduck.is_fallen`), and
-  0 for an episode that terminated (a joystick robot that fell); tasks without ``fallen``
-  (Gymnasium ids) report none;
+  ``info["fallen"]`` is false (Microduck balance:
+  :func:`raylab.envs.tasks.microduck_balance.is_fallen`), and 0 for an episode that
+  terminated (a joystick robot that fell); tasks without ``fallen`` (Gymnasium ids) report
+  none;
 - joystick tasks also report tracking errors, |cmd_xy - v_xy| (m/s) and |cmd_yaw - yaw rate|
   (rad/s), averaged over the steps with a non-zero command (``_moving``), over all steps, and
   (linear) over the zero-command steps (``_still``); ``command_speed`` is the mean |cmd_xy| of

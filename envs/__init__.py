@@ -1,7 +1,11 @@
 """raylab.envs: MuJoCo tasks, the batched MuJoCo backend and Gymnasium registration.
 
-Importing this package registers every raylab task with Gymnasium under the ``raylab/``
-namespace; environment code is imported lazily by Gymnasium's entry points.
+``core/`` holds what every task shares (the batched backend, the term managers, the vector-env
+base, option parsing); ``tasks/`` the task table (names, Gymnasium ids and entry points, typed
+options, per-algorithm defaults) and one module per task family. Importing this package
+registers every task of the table with Gymnasium under the ``raylab/`` namespace; environment
+code is imported lazily by Gymnasium's entry points. Nothing here imports Ray or the rest of
+raylab.
 """
 
 from __future__ import annotations
@@ -27,10 +31,9 @@ def _register() -> None:
     for spec in TASKS.values():
         if spec.gym_id in gym.registry:
             continue
-        entry = _ENTRY_POINTS.get(spec.name)
-        if entry is None:
-            continue
-        gym.register(id=spec.gym_id, entry_point=entry[0], vector_entry_point=entry[1])
+        gym.register(
+            id=spec.gym_id, entry_point=spec.entry_point, vector_entry_point=spec.vector_entry_point
+        )
     if PROBE_ID not in gym.registry:
         gym.register(id=PROBE_ID, entry_point="raylab.envs.probe:CountingEpisodesEnv")
 
@@ -38,21 +41,5 @@ def _register() -> None:
 # A probe env for pipeline tests (raylab.envs.probe); not a task.
 PROBE_ID = "raylab/CountingEpisodes-v0"
 
-
-# task name -> (single-env entry point, vector entry point); filled as tasks land.
-_ENTRY_POINTS: dict = {
-    "microduck_balance": (
-        "raylab.envs.microduck:MicroduckBalanceEnv",
-        "raylab.envs.microduck_vec:MicroduckBalanceVecEnv",
-    ),
-    "go2_joystick_flat": (
-        "raylab.envs.go2:Go2JoystickFlatEnv",
-        "raylab.envs.go2:Go2JoystickFlatVecEnv",
-    ),
-    "microduck_joystick": (
-        "raylab.envs.microduck_joystick:MicroduckJoystickEnv",
-        "raylab.envs.microduck_joystick:MicroduckJoystickVecEnv",
-    ),
-}
 
 _register()

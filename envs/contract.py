@@ -26,14 +26,14 @@ from typing import Any, Dict, List, Optional, Sequence
 import mujoco
 import numpy as np
 
-from raylab.envs.microduck import (
+from raylab.envs.tasks.microduck_balance import (
     NUM_ACTIONS,
     SERVO_FITS,
     DomainParams,
     EpisodeParams,
     MicroduckBalanceEnv,
 )
-from raylab.envs.microduck_vec import MicroduckBalanceVecEnv
+from raylab.envs.tasks.microduck_balance_vec import MicroduckBalanceVecEnv
 
 INFO_FLAGS = ("trunk_height", "upright_cos", "fallen", "pushed", "step")
 

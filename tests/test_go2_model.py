@@ -8,8 +8,8 @@ import mujoco
 import numpy as np
 import pytest
 
-from raylab.envs.go2 import ACTUATOR_NAMES, FOOT_RADIUS, HOME_POSE, LEGS, TASK, prototype
-from raylab.envs.joystick import LeggedRobot
+from raylab.envs.tasks.go2 import ACTUATOR_NAMES, FOOT_RADIUS, HOME_POSE, LEGS, TASK, prototype
+from raylab.envs.tasks.legged_joystick import LeggedRobot
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,8 @@ from raylab.envs.core.managers import (
     reward_tag,
     termination_tag,
 )
-from raylab.envs.microduck import OBS_SCALE
-from raylab.envs.microduck_vec import OBSERVATIONS, REWARDS
+from raylab.envs.tasks.microduck_balance import OBS_SCALE
+from raylab.envs.tasks.microduck_balance_vec import OBSERVATIONS, REWARDS
 
 
 def test_tag_helpers():
@@ -123,7 +123,7 @@ def test_duplicate_term_names_are_refused():
 
 
 def test_microduck_reward_tables_match_the_reference_weights():
-    from raylab.envs.microduck import REWARD_WEIGHTS
+    from raylab.envs.tasks.microduck_balance import REWARD_WEIGHTS
 
     for version, terms in REWARDS.items():
         assert [(t.name, t.weight) for t in terms] == list(REWARD_WEIGHTS[version].items())

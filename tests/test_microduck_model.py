@@ -8,7 +8,7 @@ import pytest
 
 from raylab.bench.baselines import run_baselines
 from raylab.envs import asset_path
-from raylab.envs.microduck import (
+from raylab.envs.tasks.microduck_balance import (
     ACTUATOR_NAMES,
     SERVO_FITS,
     STAND_HEIGHT,
@@ -21,7 +21,7 @@ from raylab.envs.microduck import (
     prototype,
     robot_index,
 )
-from raylab.envs.microduck_vec import MicroduckBalanceVecEnv
+from raylab.envs.tasks.microduck_balance_vec import MicroduckBalanceVecEnv
 
 # The servo values of the robot facts (XL330 class), which the model must stand on.
 FACT_SERVO = {

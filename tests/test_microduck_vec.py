@@ -14,7 +14,8 @@ from gymnasium.wrappers.vector import DictInfoToList
 import raylab.envs  # noqa: F401  (registers the ids)
 from raylab.envs.core.backend import model_bytes, owned_envs, thread_limit
 from raylab.envs.core.managers import reward_tag, termination_tag
-from raylab.envs.microduck import (
+from raylab.envs.tasks import MicroduckBalanceConfig
+from raylab.envs.tasks.microduck_balance import (
     REWARD_WEIGHTS,
     MicroduckBalanceEnv,
     apply_physics_params,
@@ -24,8 +25,7 @@ from raylab.envs.microduck import (
     prototype,
     robot_index,
 )
-from raylab.envs.microduck_vec import MicroduckBalanceVecEnv
-from raylab.envs.tasks import MicroduckBalanceConfig
+from raylab.envs.tasks.microduck_balance_vec import MicroduckBalanceVecEnv
 
 GYM_ID = "raylab/MicroduckBalance-v0"
 
@@ -512,8 +512,8 @@ def test_balance_models_use_the_sensor_pass_and_it_equals_mj_forward(variant):
 
 
 def test_models_with_contact_sensors_keep_the_full_forward_pass():
-    import raylab.envs.go2 as go2
-    import raylab.envs.microduck_joystick as mj
+    import raylab.envs.tasks.go2 as go2
+    import raylab.envs.tasks.microduck_joystick as mj
     from raylab.envs.core.backend import BatchedMujoco, sensor_pass_applies
 
     for proto in (go2.prototype(), mj.prototype()):
@@ -529,7 +529,7 @@ def test_models_with_contact_sensors_keep_the_full_forward_pass():
 def test_the_sensor_pass_misses_what_only_mj_forward_computes():
     """A touch sensor reads the constraint forces: the sensor pass would leave it stale, which is
     why models with one are not given it (this test fails if that ever stops being true)."""
-    import raylab.envs.go2 as go2
+    import raylab.envs.tasks.go2 as go2
     from raylab.envs.core.backend import sensor_pass
 
     m = go2.prototype()

@@ -82,11 +82,13 @@ def _range(low: float, high: float, help: str):
 
 @dataclass
 class JoystickConfig(EnvConfig):
-    """Options shared by the joystick tasks; the defaults are the Go2's (see envs/joystick.py).
+    """Options shared by the joystick tasks; the defaults are the Go2's (see
+    envs/tasks/legged_joystick.py).
 
-    Reward weights are the ``rew_<term>`` fields: one per term of ``raylab.envs.joystick.
-    REWARD_TERMS``; weight 0 leaves the term out (it is neither computed nor logged). Penalties
-    take negative weights. The learner's reward is 0.02 s x the weighted sum.
+    Reward weights are the ``rew_<term>`` fields: one per term of
+    ``raylab.envs.tasks.legged_joystick.REWARD_TERMS``; weight 0 leaves the term out (it is
+    neither computed nor logged). Penalties take negative weights. The learner's reward is
+    0.02 s x the weighted sum.
     """
 
     episode_steps: int = _f(1000, "control steps per episode (50 Hz); reaching it truncates")
@@ -193,6 +195,8 @@ class TaskSpec:
 
     name: str
     gym_id: str
+    entry_point: str = ""  # the single env, "module:Class" (gymnasium.make)
+    vector_entry_point: str = ""  # the batched env (gymnasium.make_vec, vector_entry_point)
     config_cls: type = EnvConfig
     description: str = ""
     algo_defaults: Dict[str, Dict[str, Any]] = field(default_factory=dict)
@@ -215,6 +219,8 @@ register_task(
     TaskSpec(
         name="microduck_balance",
         gym_id="raylab/MicroduckBalance-v0",
+        entry_point="raylab.envs.tasks.microduck_balance:MicroduckBalanceEnv",
+        vector_entry_point="raylab.envs.tasks.microduck_balance_vec:MicroduckBalanceVecEnv",
         config_cls=MicroduckBalanceConfig,
         description="14-servo duck robot that must stay standing under pushes",
         env_defaults=ROBOT_ENV_DEFAULTS,
@@ -226,6 +232,8 @@ register_task(
     TaskSpec(
         name="go2_joystick_flat",
         gym_id="raylab/Go2JoystickFlat-v0",
+        entry_point="raylab.envs.tasks.go2:Go2JoystickFlatEnv",
+        vector_entry_point="raylab.envs.tasks.go2:Go2JoystickFlatVecEnv",
         config_cls=Go2JoystickFlatConfig,
         description="Go2-like quadruped tracking (vx, vy, yaw rate) commands on flat ground",
         algo_defaults={
@@ -264,6 +272,8 @@ register_task(
     TaskSpec(
         name="microduck_joystick",
         gym_id="raylab/MicroduckJoystick-v0",
+        entry_point="raylab.envs.tasks.microduck_joystick:MicroduckJoystickEnv",
+        vector_entry_point="raylab.envs.tasks.microduck_joystick:MicroduckJoystickVecEnv",
         config_cls=MicroduckJoystickConfig,
         description="14-servo duck robot walking on (vx, vy, yaw rate) commands",
         algo_defaults={

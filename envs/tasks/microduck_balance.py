@@ -1,9 +1,9 @@
 """Microduck balance: the robot model, the episode draw, and the reference single env.
 
 The reference env (:class:`MicroduckBalanceEnv`, ``gymnasium.make("raylab/MicroduckBalance-v0")``)
-is the specification of the task, written for clarity: one robot, one ``MjData``, plain NumPy.
-The batched env in :mod:`raylab.envs.microduck_vec` must equal it bit for bit given the same
-:class:`EpisodeParams` and the same actions (see :mod:`raylab.envs.contract`).
+is the specification of the task, written for clarity: one robot, one ``MjData``, plain NumPy. The
+batched env in :mod:`raylab.envs.tasks.microduck_balance_vec` must equal it bit for bit given the
+same :class:`EpisodeParams` and the same actions (see :mod:`raylab.envs.contract`).
 
 What is shared between the two (written once, here): building the model and its variants, the
 name lookups (:class:`RobotIndex`), the options check, the episode draw

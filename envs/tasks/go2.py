@@ -1,9 +1,10 @@
 """Go2-like quadruped joystick task on flat ground: ``raylab/Go2JoystickFlat-v0``.
 
 The model is raylab's own MJCF (``assets/go2.xml``); the task is the table :data:`TASK` run by
-:class:`~raylab.envs.joystick.JoystickVecEnv` (batched, ``gymnasium.make_vec(...,
-vectorization_mode="vector_entry_point")``) and :class:`~raylab.envs.joystick.JoystickEnv`
-(one robot, ``gymnasium.make``). Options: ``raylab.envs.tasks.Go2JoystickFlatConfig``.
+:class:`~raylab.envs.tasks.legged_joystick.JoystickVecEnv` (batched, ``gymnasium.make_vec(...,
+vectorization_mode="vector_entry_point")``) and
+:class:`~raylab.envs.tasks.legged_joystick.JoystickEnv` (one robot, ``gymnasium.make``). Options:
+``raylab.envs.tasks.Go2JoystickFlatConfig``.
 
 Observation (49, float32), in this order: gyro x 0.25 (3), projected gravity (3), joint
 position - default (12), joint velocity x 0.05 (12), last action (12), command (vx, vy, yaw
@@ -22,7 +23,8 @@ import mujoco
 
 from raylab.envs import asset_path
 from raylab.envs.core.managers import ObsTerm
-from raylab.envs.joystick import (
+from raylab.envs.tasks import Go2JoystickFlatConfig
+from raylab.envs.tasks.legged_joystick import (
     JoystickEnv,
     JoystickTask,
     JoystickVecEnv,
@@ -34,7 +36,6 @@ from raylab.envs.joystick import (
     obs_joint_pos,
     obs_joint_vel,
 )
-from raylab.envs.tasks import Go2JoystickFlatConfig
 
 LEGS = ("FR", "FL", "RR", "RL")
 ACTUATOR_NAMES = tuple(f"{leg}_{part}" for leg in LEGS for part in ("hip", "thigh", "calf"))

@@ -2,11 +2,11 @@
 
 ``gymnasium.make_vec("raylab/MicroduckBalance-v0", num_envs=N,
 vectorization_mode="vector_entry_point", num_threads=T, **options)`` builds
-:class:`MicroduckBalanceVecEnv`. Given the same :class:`~raylab.envs.microduck.EpisodeParams` and
-actions, env i returns exactly the bits of the reference env
-(:class:`~raylab.envs.microduck.MicroduckBalanceEnv`); the task is written here as term tables
-(:mod:`raylab.envs.core.managers`) computed for all envs at once with NumPy, on top of the shared
-physics backend (:mod:`raylab.envs.core.backend`).
+:class:`MicroduckBalanceVecEnv`. Given the same
+:class:`~raylab.envs.tasks.microduck_balance.EpisodeParams` and actions, env i returns exactly the
+bits of the reference env (:class:`~raylab.envs.tasks.microduck_balance.MicroduckBalanceEnv`); the
+task is written here as term tables (:mod:`raylab.envs.core.managers`) computed for all envs at once
+with NumPy, on top of the shared physics backend (:mod:`raylab.envs.core.backend`).
 
 Env state is plain arrays, one row per env (``joint_pos``, ``joint_vel``, ``action``,
 ``step_count``, ...); every term function below reads them.
@@ -20,7 +20,7 @@ import numpy as np
 
 from raylab.envs.core.managers import EventTerm, ObsTerm, RewardTerm, TerminationTerm
 from raylab.envs.core.vec_env import BatchedVecEnv, gravity_from_quat
-from raylab.envs.microduck import (
+from raylab.envs.tasks.microduck_balance import (
     GYRO_NOISE_STD,
     HEIGHT_SIGMA,
     MAX_LATENCY,
@@ -410,8 +410,8 @@ class MicroduckBalanceVecEnv(BatchedVecEnv):
 
     def pop_episode_stats(self) -> Dict[str, float]:
         """Over the episodes finished since the last call: their number, mean survival (fraction
-        of steps not fallen, :func:`~raylab.envs.microduck.is_fallen`) and mean trunk height (m);
-        then clear them."""
+        of steps not fallen, :func:`~raylab.envs.tasks.microduck_balance.is_fallen`) and mean trunk
+        height (m); then clear them."""
         f = self._finished
         n = f["episodes"]
         out = {"episodes": n}

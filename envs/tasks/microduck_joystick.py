@@ -8,11 +8,12 @@ its sensordata layout are untouched: the new sensors come after the existing one
 - ``<side>_sole``: a site at the centre of the sole, with ``<side>_foot_pos`` (framepos) and
   ``<side>_foot_vel`` (framelinvel) sensors (swing height, clearance, slip).
 
-The task is the table :data:`TASK` run by :class:`~raylab.envs.joystick.JoystickVecEnv`; options:
-``raylab.envs.tasks.MicroduckJoystickConfig``. Observation (51 float32, 53 with the gait clock):
-the 48 balance channels in the balance order and scales (joint position - stand (14), joint
-velocity x 0.05 (14), last action (14), gyro x 0.25 (3), projected gravity (3)), then the command
-(vx, vy, yaw rate) (3), then (only when ``gait_freq_hz > 0``) sin(2 pi phase) of each foot (2).
+The task is the table :data:`TASK` run by
+:class:`~raylab.envs.tasks.legged_joystick.JoystickVecEnv`; options:
+``raylab.envs.tasks.MicroduckJoystickConfig``. Observation (51 float32, 53 with the gait clock): the
+48 balance channels in the balance order and scales (joint position - stand (14), joint velocity x
+0.05 (14), last action (14), gyro x 0.25 (3), projected gravity (3)), then the command (vx, vy, yaw
+rate) (3), then (only when ``gait_freq_hz > 0``) sin(2 pi phase) of each foot (2).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import mujoco
 
 from raylab.envs import asset_path
 from raylab.envs.core.managers import ObsTerm
-from raylab.envs.joystick import (
+from raylab.envs.tasks import MicroduckJoystickConfig
+from raylab.envs.tasks.legged_joystick import (
     DomainRanges,
     JoystickEnv,
     JoystickTask,
@@ -36,13 +38,12 @@ from raylab.envs.joystick import (
     obs_joint_pos,
     obs_joint_vel,
 )
-from raylab.envs.microduck import (
+from raylab.envs.tasks.microduck_balance import (
     ACTUATOR_NAMES,
     FRICTION_SCALE_RANGE,
     MASS_SCALE_RANGE,
     NUM_ACTIONS,
 )
-from raylab.envs.tasks import MicroduckJoystickConfig
 
 FEET = ("left", "right")
 # Foot box of microduck.xml: half-size (0.036, 0.019, 0.004) at (0.01, 0, -0.00735) in <side>_foot.

@@ -1,12 +1,13 @@
 """Joystick (velocity-command tracking) tasks on the batched MuJoCo backend: the shared pieces.
 
-A joystick task is a :class:`JoystickTask` table (robot model and names, observation terms, gait
-and contact constants, domain-randomisation ranges) plus the options of its config dataclass
-in :mod:`raylab.envs.tasks`. :class:`JoystickVecEnv` runs any such table on
+A joystick task is a :class:`JoystickTask` table (robot model and names, observation terms, gait and
+contact constants, domain-randomisation ranges) plus the options of its config dataclass in
+:mod:`raylab.envs.tasks`. :class:`JoystickVecEnv` runs any such table on
 :class:`~raylab.envs.core.vec_env.BatchedVecEnv` with the term managers of
 :mod:`raylab.envs.core.managers`; :class:`JoystickEnv` is the same env with one robot behind the
 plain ``gymnasium.Env`` interface (``gymnasium.make``, ``raylab eval``). The two tasks are
-``raylab.envs.go2`` (Go2-like quadruped on flat ground) and ``raylab.envs.microduck_joystick``.
+``raylab.envs.tasks.go2`` (Go2-like quadruped on flat ground) and
+``raylab.envs.tasks.microduck_joystick``.
 
 Reward terms are shared by both tasks. Each is one function ``f(env) -> (N,)`` of the plain
 state arrays below, listed in :data:`REWARD_TERMS`; its weight is the option ``rew_<term>``
@@ -58,12 +59,12 @@ from raylab.envs.core.managers import (
 )
 from raylab.envs.core.options import parse_options
 from raylab.envs.core.vec_env import BatchedVecEnv, gravity_from_quat
-from raylab.envs.microduck_vec import (  # noqa: F401  (obs terms re-exported for the tasks)
+from raylab.envs.tasks import VECTOR_ONLY_OPTIONS
+from raylab.envs.tasks.microduck_balance_vec import (  # noqa: F401  (obs terms re-exported for the tasks)
     obs_action,
     obs_joint_vel,
     upright,
 )
-from raylab.envs.tasks import VECTOR_ONLY_OPTIONS
 
 CONTROL_DT = 0.02  # 50 Hz control in both tasks
 MOVING_COMMAND = 0.1  # |command| above this counts as "move" for the feet terms

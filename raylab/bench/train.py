@@ -20,8 +20,9 @@ Contenders, alternated run by run (order reversed every other round):
   only) and, for PPO / APPO, sampled by RLlib's own EnvRunner loop;
 - SAC only: ``stock_sac``, RLlib's own ``SACConfig`` (its default module, replay buffer and
   training step) with the same hyperparameters and replay ratio, on the batched env; and
-  ``torch_limit``, a plain-torch SAC update of the same network and batch size timed in this
-  process on the learner's thread count: the most updates/s the learner could do.
+  ``torch_limit``, the SAC update raylab ships (``sac_kernel.sac_update``) of the same network,
+  batch size and settings, called in a plain loop in this process on the learner's thread
+  count: the most updates/s the learner could do.
 
 ``--vary KEY=V1,V2`` runs each side once per value of one config key instead (alternating the
 same way) and reports every value's rates against the first: what a setting costs, e.g.
@@ -76,81 +77,60 @@ def torch_sac_update_rate(
     seed: int = 0,
     gamma: float = 0.99,
     tau: float = 0.005,
+    grad_clip: Optional[float] = None,
 ) -> Dict[str, float]:
-    """Updates/s of a plain PyTorch SAC update (twin critics, tanh-Gaussian actor, temperature;
-    Adam; polyak targets) of the given size, on ``threads`` torch threads, batches gathered by
-    random index from a preallocated pool as a replay would."""
+    """Updates/s of the SAC update raylab ships (``raylab.algorithms.sac_kernel.sac_update``)
+    called in a plain loop, with nothing of RLlib or Ray around it: the networks and the Adam
+    optimizers the learner builds, batches gathered by random index from a preallocated pool as
+    the device replay does, on ``threads`` torch threads. The learner's rate over this one is
+    what raylab's plumbing costs."""
     import torch
-    from torch import nn
 
-    acts = {"relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU}
-
-    def mlp(i: int, o: int) -> nn.Sequential:
-        layers, w = [], i
-        for h in hidden:
-            layers += [nn.Linear(w, h), acts[activation]()]
-            w = h
-        return nn.Sequential(*layers, nn.Linear(w, o))
+    from raylab.algorithms import sac_kernel as K
 
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         g = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)
-        pi, q1, q2 = mlp(obs_dim, 2 * act_dim), mlp(obs_dim + act_dim, 1), mlp(obs_dim + act_dim, 1)
-        t1, t2 = copy.deepcopy(q1), copy.deepcopy(q2)
+        pi = K.mlp(obs_dim, hidden, 2 * act_dim, activation)
+        qf = K.mlp(obs_dim + act_dim, hidden, 1, activation)
+        qf_twin = K.mlp(obs_dim + act_dim, hidden, 1, activation)
         log_alpha = torch.zeros(1, requires_grad=True)
-        q_params = list(q1.parameters()) + list(q2.parameters())
-        targets, mains = list(t1.parameters()) + list(t2.parameters()), q_params
-        opt_q = torch.optim.Adam(q_params, lr=3e-4, foreach=True)
-        opt_pi = torch.optim.Adam(pi.parameters(), lr=3e-4, foreach=True)
-        opt_a = torch.optim.Adam([log_alpha], lr=3e-4)
+        adam = {"lr": 3e-4, "foreach": True, "eps": 1e-7}  # as the learner's CPU optimizers
+        parts = K.SACParts(
+            pi=pi,
+            qf=qf,
+            qf_twin=qf_twin,
+            target_qf=copy.deepcopy(qf),
+            target_qf_twin=copy.deepcopy(qf_twin),
+            log_alpha=log_alpha,
+            optimizers=[
+                torch.optim.Adam(list(qf.parameters()) + list(qf_twin.parameters()), **adam),
+                torch.optim.Adam(pi.parameters(), **adam),
+                torch.optim.Adam([log_alpha], **adam),
+            ],
+        )
         pool = 50_000
         data = {
             "obs": torch.randn(pool, obs_dim, generator=g),
-            "act": torch.rand(pool, act_dim, generator=g) * 2 - 1,
-            "rew": torch.randn(pool, generator=g),
-            "next": torch.randn(pool, obs_dim, generator=g),
-            "done": (torch.rand(pool, generator=g) < 0.01).float(),
+            "actions": torch.rand(pool, act_dim, generator=g) * 2 - 1,
+            "rewards": torch.randn(pool, generator=g),
+            "next_obs": torch.randn(pool, obs_dim, generator=g),
+            "terminateds": (torch.rand(pool, generator=g) < 0.01).float(),
         }
         target_entropy = -float(act_dim)
 
-        def sample_action(obs):
-            mean, log_std = pi(obs).chunk(2, -1)
-            log_std = log_std.clamp(-20, 2)
-            normal = torch.distributions.Normal(mean, log_std.exp())
-            u = normal.rsample()
-            a = torch.tanh(u)
-            logp = (normal.log_prob(u) - torch.log(1 - a.pow(2) + 1e-6)).sum(-1)
-            return a, logp
-
         def update():
             idx = torch.randint(0, pool, (batch_size,), generator=g)
-            obs, act, rew = data["obs"][idx], data["act"][idx], data["rew"][idx]
-            nxt, done = data["next"][idx], data["done"][idx]
-            alpha = log_alpha.exp().detach()
-            with torch.no_grad():
-                na, nlogp = sample_action(nxt)
-                x = torch.cat([nxt, na], -1)
-                nq = torch.min(t1(x), t2(x)).squeeze(-1) - alpha * nlogp
-                y = rew + gamma * (1 - done) * nq
-            x = torch.cat([obs, act], -1)
-            q_loss = ((q1(x).squeeze(-1) - y) ** 2).mean() + ((q2(x).squeeze(-1) - y) ** 2).mean()
-            opt_q.zero_grad(set_to_none=True)
-            q_loss.backward()
-            opt_q.step()
-            a, logp = sample_action(obs)
-            x = torch.cat([obs, a], -1)
-            pi_loss = (alpha * logp - torch.min(q1(x), q2(x)).squeeze(-1)).mean()
-            opt_pi.zero_grad(set_to_none=True)
-            pi_loss.backward()
-            opt_pi.step()
-            a_loss = -(log_alpha * (logp.detach() + target_entropy)).mean()
-            opt_a.zero_grad(set_to_none=True)
-            a_loss.backward()
-            opt_a.step()
-            with torch.no_grad():
-                torch._foreach_lerp_(targets, mains, tau)
+            K.sac_update(
+                parts,
+                {k: v[idx] for k, v in data.items()},
+                gamma=gamma,
+                tau=tau,
+                target_entropy=target_entropy,
+                grad_clip=grad_clip,
+            )
 
         for _ in range(10):
             update()
@@ -505,6 +485,9 @@ def run_train_bench(
                             cfg.algo.batch_size,
                             torch_limit_s,
                             threads=max(1, int(cfg.resources.num_cpus_per_learner)),
+                            gamma=cfg.algo.gamma,
+                            tau=cfg.algo.tau,
+                            grad_clip=cfg.algo.grad_clip,
                         ),
                     }
                     out["env_steps_per_s"] = None

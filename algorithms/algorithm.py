@@ -132,7 +132,7 @@ class RaylabAlgorithmMixin:
 
 def eval_tags(evaluation: Any) -> Dict[str, float]:
     """The canonical ``Eval/*`` tags in an evaluation result (RLlib's ``evaluation`` entry)."""
-    from raylab.algorithms.timeline import EVAL_TRACKER, pull_final_stats
+    from raylab.metrics.timeline import EVAL_TRACKER, pull_final_stats
 
     if not isinstance(evaluation, dict):
         return {}

@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
-from raylab.algorithms.timeline import COLLECTOR_TRACKER, push_partial_state
 from raylab.metrics import schema as S
 from raylab.metrics import tracker as stats_tracker
+from raylab.metrics.timeline import COLLECTOR_TRACKER, push_partial_state
 
 # Result key of the actor placement the driver turns into the runtime manifest.
 RUNTIME_KEY = "raylab_runtime"

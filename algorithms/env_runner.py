@@ -32,9 +32,9 @@ from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
 from raylab.algorithms.algorithm import EPISODES_KEY
 from raylab.algorithms.rollout import Fragment, RolloutLoop
-from raylab.algorithms.timeline import COLLECTOR_TRACKER, EVAL_TRACKER, push_partial_state
 from raylab.metrics import schema as S
 from raylab.metrics import tracker as stats_tracker
+from raylab.metrics.timeline import COLLECTOR_TRACKER, EVAL_TRACKER, push_partial_state
 
 
 class RaylabEnvRunner(SingleAgentEnvRunner):

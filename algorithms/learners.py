@@ -32,9 +32,9 @@ from ray.rllib.core.rl_module.apis import TargetNetworkAPI
 from ray.rllib.evaluation.postprocessing import Postprocessing
 from ray.rllib.utils.lambda_defaultdict import LambdaDefaultDict
 
-from raylab.algorithms.timeline import LEARNER_TRACKER, Timeline, push_partial_state
 from raylab.metrics import schema as S
 from raylab.metrics import tracker as stats_tracker
+from raylab.metrics.timeline import LEARNER_TRACKER, Timeline, push_partial_state
 
 
 class _TimedLearnerMixin:

@@ -45,14 +45,14 @@ from raylab.algorithms.replay import DeviceReplay
 from raylab.algorithms.rollout import RolloutLoop
 from raylab.algorithms.sac_kernel import SACParts, sac_update
 from raylab.algorithms.sac_module import RaylabSACModule
-from raylab.algorithms.timeline import (
+from raylab.metrics import schema as S
+from raylab.metrics import tracker as stats_tracker
+from raylab.metrics.timeline import (
     COLLECTOR_TRACKER,
     LEARNER_TRACKER,
     Timeline,
     push_partial_state,
 )
-from raylab.metrics import schema as S
-from raylab.metrics import tracker as stats_tracker
 
 SAMPLE_TAG = "raylab_sample"
 

@@ -23,13 +23,13 @@ from ray.rllib.utils.metrics import EVALUATION_RESULTS
 
 from raylab.algorithms.algorithm import BEST_EVAL_KEY, EVAL_BEFORE_TRAIN_KEY, eval_tags
 from raylab.algorithms.callbacks import RUNTIME_KEY
-from raylab.algorithms.timeline import (
+from raylab.metrics import schema as S
+from raylab.metrics.timeline import (
     COLLECTOR_TRACKER,
     LEARNER_TRACKER,
     RAYLAB_KEY,
     pull_final_stats,
 )
-from raylab.metrics import schema as S
 
 STEPS_KEY = ("env_runners", "num_env_steps_sampled_lifetime")
 

@@ -1,6 +1,6 @@
 """SAC update kernel and device replay on a GPU, without Ray (for a machine that lacks Ray).
 
-Loads algorithms/sac_kernel.py and algorithms/replay.py by path and checks, on CUDA:
+Loads algorithms/sac/update.py and algorithms/sac/replay.py by path and checks, on CUDA:
 the replay ring (pinned, non-blocking ingress; sampling), that torch.compile gives the same
 parameters as eager mode for the same seed, that bf16 autocast trains to finite values close to
 fp32, and the updates/s of each variant for a Pendulum-sized and a Microduck-sized problem.
@@ -31,8 +31,8 @@ def load(name: str, path: Path):
     return module
 
 
-K = load("sac_kernel", ROOT / "algorithms" / "sac_kernel.py")
-R = load("replay", ROOT / "algorithms" / "replay.py")
+K = load("sac_update", ROOT / "algorithms" / "sac" / "update.py")
+R = load("replay", ROOT / "algorithms" / "sac" / "replay.py")
 
 
 def parts(obs_dim, act_dim, hidden, device, seed=0, fused=True):

@@ -10,9 +10,9 @@ import pytest
 import torch
 from conftest import run_cli
 
-from raylab.algorithms.replay import DeviceReplay
 from raylab.algorithms.sac import owed_updates
-from raylab.algorithms.sac_kernel import squashed_gaussian_sample
+from raylab.algorithms.sac.replay import DeviceReplay
+from raylab.algorithms.sac.update import squashed_gaussian_sample
 from raylab.metrics import schema as S
 from raylab.metrics.extract import extract
 from raylab.metrics.rundir import read_summary

@@ -79,14 +79,14 @@ def torch_sac_update_rate(
     tau: float = 0.005,
     grad_clip: Optional[float] = None,
 ) -> Dict[str, float]:
-    """Updates/s of the SAC update raylab ships (``raylab.algorithms.sac_kernel.sac_update``)
+    """Updates/s of the SAC update raylab ships (``raylab.algorithms.sac.update.sac_update``)
     called in a plain loop, with nothing of RLlib or Ray around it: the networks and the Adam
     optimizers the learner builds, batches gathered by random index from a preallocated pool as
     the device replay does, on ``threads`` torch threads. The learner's rate over this one is
     what raylab's plumbing costs."""
     import torch
 
-    from raylab.algorithms import sac_kernel as K
+    from raylab.algorithms.sac import update as K
 
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)

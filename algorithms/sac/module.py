@@ -19,7 +19,7 @@ from ray.rllib.core.distribution.torch.torch_distribution import TorchSquashedGa
 from ray.rllib.core.rl_module.apis import InferenceOnlyAPI, QNetAPI, TargetNetworkAPI
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
 
-from raylab.algorithms.sac_kernel import mlp, policy_inputs, q_pair
+from raylab.algorithms.sac.update import mlp, policy_inputs, q_pair
 
 
 class RaylabSACModule(TorchRLModule, InferenceOnlyAPI, TargetNetworkAPI, QNetAPI):

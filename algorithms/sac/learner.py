@@ -1,27 +1,4 @@
-"""raylab's SAC: learner-owned device replay, asynchronous collection, one fused update.
-
-RLlib's stock SAC keeps the replay buffer in the algorithm process, turns every timestep into an
-episode object and makes one synchronous round trip per update. Here:
-
-- EnvRunners (``RaylabSACEnvRunner.sample_transitions``) step their vector env for
-  ``env_steps_per_sync`` steps with the latest weights they were sent and put the transitions,
-  as a handful of flat arrays, into Ray's object store; a shard per Learner.
-- The algorithm loop (``RaylabSAC.training_step``) keeps one request in flight per EnvRunner,
-  hands each result's object refs to the Learners (``ingest``; the arrays travel from the
-  EnvRunner's node to the Learner directly) and sends the newest published weights along with
-  the next request. It throttles collection so that the learner's backlog stays within one
-  round of requests: the replay ratio holds and staleness stays bounded.
-- Each Learner (``RaylabSACLearner``) owns a ``DeviceReplay`` ring on its device and runs its
-  update loop on a background thread: wait until ``updates_per_step`` x ingested steps allows
-  another update, take the prefetched batch, prefetch the next, run one fused actor / critic /
-  temperature step (one backward, foreach / fused Adam, foreach polyak), publish weights every
-  ``weight_sync_every`` updates. Loss statistics stay on the device until metrics are read.
-
-Canonical learner phases per update: Collector Wait, Replay Batch Wait, Replay Sample,
-Learning, Weight Publish (the iteration wall is one update); ingest is a background diagnostic
-(``Perf/replay_ingress_h2d_submit_ms``). With several Learners the gradients are all-reduced
-once per update (``Perf/dp_gradient_sync_ms_per_rank`` / ``_calls_per_rank``).
-"""
+"""RaylabSACLearner: the device replay ring, the background update loop, weight publishing."""
 
 from __future__ import annotations
 
@@ -34,55 +11,18 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import ray
 import torch
-from ray.rllib.algorithms.sac import SAC, SACConfig
 from ray.rllib.algorithms.sac.torch.sac_torch_learner import SACTorchLearner
 from ray.rllib.core import DEFAULT_MODULE_ID
-from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, LEARNER_RESULTS
 
-from raylab.algorithms.algorithm import RaylabAlgorithmMixin
-from raylab.algorithms.env_runner import RaylabEnvRunner, one_torch_thread
-from raylab.algorithms.replay import DeviceReplay
-from raylab.algorithms.rollout import RolloutLoop
-from raylab.algorithms.sac_kernel import SACParts, sac_update
-from raylab.algorithms.sac_module import RaylabSACModule
+from raylab.algorithms.sac.replay import DeviceReplay
+from raylab.algorithms.sac.update import SACParts, sac_update
 from raylab.metrics import schema as S
 from raylab.metrics import tracker as stats_tracker
 from raylab.metrics.timeline import (
-    COLLECTOR_TRACKER,
     LEARNER_TRACKER,
     Timeline,
     push_partial_state,
 )
-
-SAMPLE_TAG = "raylab_sample"
-
-
-class RaylabSACConfig(SACConfig):
-    """SACConfig plus the settings of raylab's asynchronous device-replay path."""
-
-    def __init__(self, algo_class=None):
-        super().__init__(algo_class=algo_class or RaylabSAC)
-        self.updates_per_step = 1.0  # gradient updates per ingested env step (replay ratio)
-        self.weight_sync_every = 1  # publish weights every N updates
-        self.env_steps_per_sync = 1  # vector steps per EnvRunner request
-        self.buffer_capacity = 1_000_000
-        self.learning_starts = 1000  # env steps (uniform random actions) before updates
-        self.torch_compile = False  # GPU only
-        self.bf16_autocast = False  # GPU only
-        self.learner_torch_threads = 1
-        self.env_runner_cls = RaylabSACEnvRunner
-        # One sample request in flight per EnvRunner; iterations end on time, not on a
-        # minimum number of sampled steps.
-        self.max_requests_in_flight_per_env_runner = 1
-        self.min_sample_timesteps_per_iteration = 0
-
-    def get_default_learner_class(self):
-        return RaylabSACLearner
-
-    def get_default_rl_module_spec(self):
-        from ray.rllib.core.rl_module.rl_module import RLModuleSpec
-
-        return RLModuleSpec(module_class=RaylabSACModule)
 
 
 def owed_updates(ingested: int, learning_starts: int, updates_per_step: float) -> int:
@@ -90,99 +30,6 @@ def owed_updates(ingested: int, learning_starts: int, updates_per_step: float) -
     if ingested < max(1, learning_starts):
         return 0
     return int((ingested - learning_starts + 1) * updates_per_step)
-
-
-# --------------------------------------------------------------------------- EnvRunner side
-
-
-class RaylabSACEnvRunner(RaylabEnvRunner):
-    """Steps the vector env directly and returns transitions as arrays (no episode objects)."""
-
-    def _fast_init(self) -> None:
-        one_torch_thread()
-        self._loop = RolloutLoop(self.batched_env(), stats_tracker.get(COLLECTOR_TRACKER))
-        self._weights_version = -1
-        self._rng = np.random.default_rng((self.config.seed or 0) * 7919 + self.worker_index)
-        self._act_dim = self._loop.low.shape[0]
-        self._dist_cls = self.module.get_exploration_action_dist_cls() if self.module else None
-        # Our module clamps log-std itself; RLlib's distribution gets (mean, log_std).
-
-    def sample_transitions(
-        self,
-        num_steps: int,
-        weights: Any = None,
-        version: int = -1,
-        random_steps_left: int = 0,
-        num_shards: int = 1,
-    ) -> Dict[str, Any]:
-        if not hasattr(self, "_loop"):
-            self._fast_init()
-        tracker = stats_tracker.get(COLLECTOR_TRACKER)
-        t_start = time.perf_counter()
-        if weights is not None and version > self._weights_version:
-            state = ray.get(weights) if isinstance(weights, ray.ObjectRef) else weights
-            self.module.set_state(state)
-            self._weights_version = version
-        if self._loop.needs_reset:
-            self._loop.reset(
-                seed=(self.config.seed or 0) * 100_003 + self.worker_index * self.num_envs
-            )
-        n = self.num_envs
-        frag = self._loop.run(
-            self.module.forward_exploration,
-            self._dist_cls,
-            steps=int(num_steps),
-            with_logp=False,
-            random_action=lambda k: self._rng.uniform(-1.0, 1.0, size=(k, self._act_dim)).astype(
-                np.float32
-            ),
-            random_steps=-(-int(random_steps_left) // n),  # vector steps still owed random actions
-        )
-        for _, length, ret, truncated in frag.episodes:
-            self._log_episode_metrics(length, ret, 0.0)
-            tracker.scalar(**{S.EPISODE_TIMEOUT_RATE: 1.0 if truncated else 0.0})
-        t_extract = time.perf_counter()
-        # Transitions, flat: (obs[t], actions[t], rewards[t], obs[t + 1]) where valid; NEXT_STEP
-        # autoreset makes obs[t + 1] the final observation of an episode that ended at t.
-        valid = frag.valid.reshape(-1)
-        arrays = {
-            "obs": frag.obs[:-1]
-            .reshape((-1,) + frag.obs.shape[2:])[valid]
-            .astype(np.float32, copy=False),
-            "actions": frag.actions.reshape((-1,) + frag.actions.shape[2:])[valid],
-            "rewards": frag.rewards.reshape(-1)[valid].astype(np.float32),
-            "next_obs": frag.obs[1:]
-            .reshape((-1,) + frag.obs.shape[2:])[valid]
-            .astype(np.float32, copy=False),
-            "terminateds": frag.terminated.reshape(-1)[valid].astype(np.float32),
-        }
-        count = int(valid.sum())
-        t3 = time.perf_counter()
-        shards = [
-            ray.put({k: v[i::num_shards] for k, v in arrays.items()}) for i in range(num_shards)
-        ]
-        t4 = time.perf_counter()
-        tracker.scalar(
-            **{
-                S.PERF_COLLECTOR_TRANSITION_EXTRACT_MS: (t3 - t_extract) * 1000.0,
-                S.PERF_COLLECTOR_REPLAY_WRITE_MS: (t4 - t3) * 1000.0,
-                S.PERF_COLLECTION_TIME: t4 - t_start,
-            }
-        )
-        self.num_env_steps_sampled_lifetime += count
-        self._increase_sampled_metrics(count, len(frag.episodes))
-        from raylab.algorithms.callbacks import record_env_log
-
-        record_env_log(self, self.metrics)
-        return {
-            "shards": shards,
-            "count": count,
-            "version": self._weights_version,
-            "metrics": self.get_metrics(),
-        }
-
-
-# ---------------------------------------------------------------------------- Learner side
 
 
 class RaylabSACLearner(SACTorchLearner):
@@ -482,98 +329,3 @@ class RaylabSACLearner(SACTorchLearner):
 
 
 # ------------------------------------------------------------------------ algorithm loop
-
-
-class RaylabSAC(RaylabAlgorithmMixin, SAC):
-    """SAC whose training step overlaps collection and learning (see the module docstring)."""
-
-    def cleanup(self) -> None:
-        # RLlib shuts down only a local Learner; stop the remote update threads too, so the
-        # Learner processes exit cleanly.
-        try:
-            if self.learner_group is not None and not self.learner_group.is_local:
-                self.learner_group.foreach_learner(lambda learner: learner.shutdown())
-        except Exception:  # a dead Learner actor has nothing left to stop
-            pass
-        super().cleanup()
-
-    @classmethod
-    def get_default_config(cls) -> RaylabSACConfig:
-        return RaylabSACConfig()
-
-    def _fast_state(self) -> dict:
-        st = getattr(self, "_raylab", None)
-        if st is None:
-            st = self._raylab = {
-                "status": {"ingested": 0, "updates": 0, "version": 0, "size": 0},
-                "weights": None,  # (version, ref) sent with the next requests
-                "last_metrics": 0.0,
-            }
-        return st
-
-    def _learner_call(self, fn):
-        results = self.learner_group.foreach_learner(fn)
-        return [r.get() if hasattr(r, "get") else r for r in results]
-
-    def training_step(self) -> None:
-        cfg = self.config
-        st = self._fast_state()
-        n_runners = self.env_runner_group.num_remote_env_runners()
-        n_learners = max(1, cfg.num_learners)
-        steps = max(1, int(cfg.env_steps_per_sync))
-        per_request = steps * cfg.num_envs_per_env_runner
-
-        # 1. Hand finished samples to the learners.
-        if n_runners == 0:
-            ready = [(0, self._request(self.env_runner, steps, n_learners))]
-        else:
-            ready = self.env_runner_group.fetch_ready_async_reqs(
-                tags=SAMPLE_TAG, timeout_seconds=0.01
-            )
-        for _, out in ready:
-            statuses = self._learner_call(
-                lambda learner, refs=out["shards"], v=out["version"]: learner.ingest(refs, v)
-            )
-            st["status"] = statuses[0]
-            self.metrics.aggregate([out["metrics"]], key=ENV_RUNNER_RESULTS)
-
-        # 2. Newest weights, sent along with the next requests.
-        known = (st["weights"] or (-1,))[0]
-        if st["status"]["version"] > known:
-            fresh = self._learner_call(lambda learner, v=known: learner.published_weights(v))[0]
-            if fresh is not None:
-                st["weights"] = fresh
-
-        # 3. New requests (one in flight per EnvRunner; RLlib's actor manager skips busy ones
-        #    and forgets requests of failed ones) while the learners' backlog is within one round.
-        if n_runners:
-            max_pending = int(cfg.updates_per_step * per_request * n_runners / n_learners)
-            status = st["status"]
-            owed = owed_updates(status["ingested"], cfg.learning_starts, cfg.updates_per_step)
-            owed -= status["updates"]
-            if owed > max_pending:
-                st["status"] = self._learner_call(
-                    lambda learner, m=max_pending: learner.wait_for_backlog(m, 0.05)
-                )[0]
-            else:
-                version, ref = st["weights"] or (-1, None)
-                random_left = max(0, cfg.learning_starts - status["ingested"]) // n_runners
-                self.env_runner_group.foreach_env_runner_async(
-                    lambda r, s=steps, w=ref, v=version, k=random_left, m=n_learners: (
-                        r.sample_transitions(s, w, v, k, m)
-                    ),
-                    tag=SAMPLE_TAG,
-                )
-
-        # 4. Learner statistics a few times per iteration.
-        now = time.perf_counter()
-        if now - st["last_metrics"] > 0.25:
-            st["last_metrics"] = now
-            results = self._learner_call(lambda learner: learner.pop_results())
-            self.metrics.aggregate(results, key=LEARNER_RESULTS)
-
-    def _request(self, runner, steps: int, shards: int) -> dict:
-        st = self._fast_state()
-        version, ref = st["weights"] or (-1, None)
-        random_left = max(0, self.config.learning_starts - st["status"]["ingested"])
-        return runner.sample_transitions(steps, ref, version, random_left, shards)

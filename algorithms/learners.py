@@ -140,12 +140,7 @@ class _TimedLearnerMixin:
 
 
 class RaylabPPOLearner(_TimedLearnerMixin, PPOTorchLearner):
-    _main_phases = (
-        S.PERF_LEARNER_COLLECTOR_WAIT_MS,
-        S.PERF_LEARNER_EPISODE_TRANSFER_MS,
-        S.PERF_LEARNER_REPLAY_STAGE_MS,
-        S.PERF_LEARNING_TIME,
-    )
+    _main_phases = S.LEARNER_MAIN_PHASES["ppo"]
 
     def build(self) -> None:
         super().build()
@@ -209,12 +204,7 @@ class _TimedCircularBuffer(CircularBuffer):
 
 
 class RaylabAPPOLearner(_TimedLearnerMixin, APPOTorchLearner):
-    _main_phases = (
-        S.PERF_LEARNER_COLLECTOR_WAIT_MS,
-        S.PERF_LEARNER_REPLAY_SAMPLE_MS,
-        S.PERF_LEARNING_TIME,
-        S.PERF_LEARNER_WEIGHT_PUBLISH_MS,
-    )
+    _main_phases = S.LEARNER_MAIN_PHASES["appo"]
 
     def build(self) -> None:
         # APPOLearner.build, with the timed buffer in place of RLlib's CircularBuffer (the

@@ -47,27 +47,18 @@ QUIET_SHARE = 0.01  # quiet collector diagnostics show only above this share of 
 MODES = ("auto", "live", "plain", "off")
 
 # ------------------------------------------------------------------------------ labels
-# Short, stable labels for the timing rows. A timing tag without a label here is not shown;
-# tests check that every timing tag of the schema has one.
+# Every timing row's label is its schema entry's ``label`` (tests check that every timing tag
+# has one); Loss/<name> and Policy/<name> show their family's ``member_labels`` first, in that
+# order, then the other members by name.
 
+_TIMING_KINDS = ("main_phase", "wall", "nested", "background")
 LEARNER_LABELS: Dict[str, str] = {
-    S.PERF_LEARNER_COLLECTOR_WAIT_MS: "Collector Wait",
-    S.PERF_LEARNER_EPISODE_TRANSFER_MS: "Episode Transfer",
-    S.PERF_LEARNER_INFERENCE_MS: "Inference",
-    S.PERF_LEARNER_COLLECTOR_RELEASE_MS: "Collector Release",
-    S.PERF_LEARNER_REPLAY_BATCH_WAIT_MS: "Replay Batch Wait",
-    S.PERF_LEARNER_REPLAY_STAGE_MS: "Replay Stage",
-    S.PERF_LEARNER_REPLAY_SAMPLE_MS: "Replay Sample",
-    S.PERF_LEARNING_TIME: "Learning",
-    S.PERF_LEARNER_WEIGHT_PUBLISH_MS: "Weight Publish",
-    S.PERF_ITERATION_TIME: "Iter Wall",
-    # nested (inside one main phase) and background (beside the main thread)
-    S.PERF_LEARNER_INFERENCE_H2D_MS: "H2D",
-    S.PERF_LEARNER_INFERENCE_FORWARD_MS: "Forward",
-    S.PERF_LEARNER_INFERENCE_D2H_MS: "D2H",
-    S.PERF_DP_GRADIENT_SYNC_MS_PER_RANK: "Grad Sync/rank",
-    S.PERF_REPLAY_INGRESS_H2D_SUBMIT_MS: "H2D Submit (bg)",
-    S.PERF_LEARNER_INGEST_MS: "Ingest (bg)",
+    t: spec.label for t, spec in S.TAGS.items() if spec.kind in _TIMING_KINDS and spec.label
+}
+COLLECTOR_LABELS: Dict[str, str] = {
+    t: spec.label
+    for t, spec in S.TAGS.items()
+    if spec.kind in ("collector", "collector_nested") and spec.label
 }
 OTHER_LABEL = "Other"
 ACCOUNTED_LABEL = "Accounted > Wall"
@@ -95,33 +86,8 @@ QUIET_CYCLE_PHASES = (
     S.PERF_COLLECTOR_METRICS_PUBLISH_MS,
 )
 
-# Loss/<name> and Policy/<name>: known names first, in this order, then the rest by name.
-LOSS_LABELS: Dict[str, str] = {
-    "total": "Total Loss",
-    "policy": "Policy Loss",
-    "value": "Value Loss",
-    "kl": "KL Loss",
-    "entropy": "Entropy Loss",
-    "critic": "Critic Loss",
-    "actor": "Actor Loss",
-    "alpha": "Alpha Loss",
-}
-POLICY_LABELS: Dict[str, str] = {
-    "entropy": "Entropy",
-    "entropy_coeff": "Entropy Coef",
-    "kl": "KL",
-    "kl_coeff": "KL Coef",
-    "mean_std": "Action Std",
-    "alpha": "Alpha",
-    "q_mean": "Q Mean",
-    "vf_explained_var": "VF Expl Var",
-    "importance_ratio": "IS Ratio",
-    "advantage": "Advantage",
-    "value_target": "Value Target",
-    "behaviour_logp": "Behaviour LogP",
-    "grad_norm": "Grad Norm",
-    "learning_rate": "LR",
-}
+LOSS_LABELS: Dict[str, str] = dict(S.TAGS[S.LOSS_FAMILY].member_labels)
+POLICY_LABELS: Dict[str, str] = dict(S.TAGS[S.POLICY_FAMILY].member_labels)
 
 _REWARD_PREFIX = S.TAGS[S.REWARD_FAMILY].family_prefix
 _LOSS_PREFIX = S.TAGS[S.LOSS_FAMILY].family_prefix

@@ -59,13 +59,7 @@ class RaylabSACLearner(SACTorchLearner):
         self._staleness: List[float] = []
         self.timeline = Timeline(
             LEARNER_TRACKER,
-            phases=(
-                S.PERF_LEARNER_COLLECTOR_WAIT_MS,
-                S.PERF_LEARNER_REPLAY_BATCH_WAIT_MS,
-                S.PERF_LEARNER_REPLAY_SAMPLE_MS,
-                S.PERF_LEARNING_TIME,
-                S.PERF_LEARNER_WEIGHT_PUBLISH_MS,
-            ),
+            phases=S.LEARNER_MAIN_PHASES["sac"],
             wall_tag=S.PERF_ITERATION_TIME,
         )
         self.stats = stats_tracker.get(LEARNER_TRACKER)

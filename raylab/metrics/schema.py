@@ -83,7 +83,8 @@ class MetricSpec:
     ``name`` is the exact tag, or for a family its pattern (``reward/<term>``) with
     ``family_prefix`` set (``reward/``). ``persisted`` False means terminal-only: the value may be
     shown and summarised but is never written to TensorBoard / W&B. ``parent`` names the main
-    phase a nested timing belongs to.
+    phase a nested timing belongs to. ``label`` is the short row label the terminal shows for a
+    timing tag; ``member_labels`` the labels of a family's known members, in display order.
     """
 
     name: str
@@ -97,6 +98,8 @@ class MetricSpec:
     allow_nonfinite: bool = False
     parent: Optional[str] = None
     family_prefix: Optional[str] = None
+    label: str = ""  # the terminal's row label (timing tags)
+    member_labels: Tuple[Tuple[str, str], ...] = ()  # family member -> label, in display order
 
     @property
     def is_family(self) -> bool:
@@ -318,6 +321,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "EnvRunner sample, APPO the next batch in the learner queue, SAC enough new env steps "
         "for the replay ratio",
         kind="main_phase",
+        label="Collector Wait",
     ),
     _spec(
         PERF_LEARNER_EPISODE_TRANSFER_MS,
@@ -328,6 +332,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "Learner main thread resolving and deserialising the episodes EnvRunners sent "
         "through Ray's object store (raylab; the learner does not own the collector)",
         kind="main_phase",
+        label="Episode Transfer",
     ),
     _spec(
         PERF_LEARNER_INFERENCE_MS,
@@ -339,6 +344,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "D2H); only when the learner serves actions, EnvRunners that infer locally do not "
         "emit it",
         kind="main_phase",
+        label="Inference",
     ),
     _spec(
         PERF_LEARNER_COLLECTOR_RELEASE_MS,
@@ -349,6 +355,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "Publishing the action response to the waiting collector (learner-owned inference); "
         "long only when the response queue has not drained",
         kind="main_phase",
+        label="Collector Release",
     ),
     _spec(
         PERF_LEARNER_REPLAY_BATCH_WAIT_MS,
@@ -358,6 +365,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         _SAC,
         "Waiting for the prefetched device replay batch; near zero on a prefetch hit",
         kind="main_phase",
+        label="Replay Batch Wait",
     ),
     _spec(
         PERF_LEARNER_REPLAY_STAGE_MS,
@@ -368,6 +376,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "Turning the arrived episodes into the train batch (learner connector: GAE, value "
         "targets), synchronously on the main thread",
         kind="main_phase",
+        label="Replay Stage",
     ),
     _spec(
         PERF_LEARNER_REPLAY_SAMPLE_MS,
@@ -377,6 +386,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         _OFF_POLICY,
         "Acquiring the ready training batch from the replay / circular buffer",
         kind="main_phase",
+        label="Replay Sample",
     ),
     _spec(
         PERF_LEARNING_TIME,
@@ -386,6 +396,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         _ALL,
         "Wall time of the learner update phase (forward, backward, optimizer steps)",
         kind="main_phase",
+        label="Learning",
     ),
     _spec(
         PERF_LEARNER_WEIGHT_PUBLISH_MS,
@@ -395,6 +406,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         _OFF_POLICY,
         "Learner main thread making fresh weights available for the broadcast to EnvRunners",
         kind="main_phase",
+        label="Weight Publish",
     ),
     _spec(
         PERF_ITERATION_TIME,
@@ -405,6 +417,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "Learner iteration wall time from iteration start through update completion; the "
         "100% row of the learner timeline; emitted only when the complete wall was measured",
         kind="wall",
+        label="Iter Wall",
     ),
     # ------------------------------------------------------------------ learner nested, background
     _spec(
@@ -416,6 +429,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "Observation copy to the learner device",
         kind="nested",
         parent=PERF_LEARNER_INFERENCE_MS,
+        label="H2D",
     ),
     _spec(
         PERF_LEARNER_INFERENCE_FORWARD_MS,
@@ -426,6 +440,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "Actor forward pass including the device synchronisation",
         kind="nested",
         parent=PERF_LEARNER_INFERENCE_MS,
+        label="Forward",
     ),
     _spec(
         PERF_LEARNER_INFERENCE_D2H_MS,
@@ -436,6 +451,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "Action copy back to host memory",
         kind="nested",
         parent=PERF_LEARNER_INFERENCE_MS,
+        label="D2H",
     ),
     _spec(
         PERF_DP_GRADIENT_SYNC_MS_PER_RANK,
@@ -447,6 +463,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "Learning; only with more than one learner",
         kind="nested",
         parent=PERF_LEARNING_TIME,
+        label="Grad Sync/rank",
     ),
     _spec(
         PERF_DP_GRADIENT_SYNC_CALLS_PER_RANK,
@@ -466,6 +483,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "CPU-side duration of the latest transition submission into the device replay; runs "
         "beside the main thread and can overlap any main phase",
         kind="background",
+        label="H2D Submit (bg)",
     ),
     _spec(
         PERF_LEARNER_INGEST_MS,
@@ -477,6 +495,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "building batches while the learner thread trains (raylab); overlaps the main "
         "timeline",
         kind="background",
+        label="Ingest (bg)",
     ),
     # ----------------------------------------------------------------------- collector (EnvRunner)
     _spec(
@@ -487,6 +506,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         _RESERVED,
         "Publishing observations / dones to the learner-owned inference and notifying it",
         kind="collector",
+        label="Inference Request",
     ),
     _spec(
         PERF_COLLECTOR_LEARNER_ACTION_WAIT_MS,
@@ -497,6 +517,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "From request publication until the learner returns this tick's action; includes any "
         "remaining learner update, not only inference latency",
         kind="collector",
+        label="Learner Action Wait",
     ),
     _spec(
         PERF_COLLECTOR_MLP_INFER_MS,
@@ -506,6 +527,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         _ALL,
         "EnvRunner's own policy forward pass per env step (RLModule inference on the EnvRunner)",
         kind="collector",
+        label="MLP Infer",
     ),
     _spec(
         PERF_COLLECTOR_ENV_STEP_MS,
@@ -515,6 +537,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         _ALL,
         "One batched env.step() call on an EnvRunner",
         kind="collector",
+        label="Env Step",
     ),
     _spec(
         PERF_COLLECTOR_TRANSITION_EXTRACT_MS,
@@ -526,6 +549,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "transitions (SAC), once per fragment on raylab's rollout loop (not emitted on "
         "RLlib's EnvRunner loop)",
         kind="collector",
+        label="Transition Extract",
     ),
     _spec(
         PERF_COLLECTOR_REPLAY_WRITE_MS,
@@ -535,6 +559,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         _SAC,
         "Packing the transitions and their bounded write towards replay (object store put)",
         kind="collector",
+        label="Replay Write",
     ),
     _spec(
         PERF_COLLECTOR_METRICS_PUBLISH_MS,
@@ -544,6 +569,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         _SAC,
         "Publishing the collector's metrics",
         kind="collector",
+        label="Metrics Publish",
     ),
     _spec(
         PERF_COLLECTION_TIME,
@@ -553,6 +579,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         _ALL,
         "Wall time of one whole EnvRunner sample() call (one rollout fragment for every env)",
         kind="collector",
+        label="Rollout Wall",
     ),
     _spec(
         PERF_COLLECTOR_ACTION_VALIDATE_MS,
@@ -563,6 +590,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "Checking / clipping the action batch, inside Env Step",
         kind="collector_nested",
         parent=PERF_COLLECTOR_ENV_STEP_MS,
+        label="Action Validate",
     ),
     _spec(
         PERF_COLLECTOR_APPLY_ACTION_MS,
@@ -573,6 +601,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "Writing actions into the simulator controls, inside Env Step",
         kind="collector_nested",
         parent=PERF_COLLECTOR_ENV_STEP_MS,
+        label="Apply Action",
     ),
     _spec(
         PERF_COLLECTOR_BACKEND_STEP_MS,
@@ -583,6 +612,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "Physics backend stepping (mj_step on the env threads), inside Env Step",
         kind="collector_nested",
         parent=PERF_COLLECTOR_ENV_STEP_MS,
+        label="Backend Step",
     ),
     _spec(
         PERF_COLLECTOR_UPDATE_STATE_MS,
@@ -593,6 +623,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "Observation, reward and termination terms after the physics step, inside Env Step",
         kind="collector_nested",
         parent=PERF_COLLECTOR_ENV_STEP_MS,
+        label="Update State",
     ),
     _spec(
         PERF_COLLECTOR_RESET_DONE_MS,
@@ -603,6 +634,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "Resetting the envs that finished, inside Env Step",
         kind="collector_nested",
         parent=PERF_COLLECTOR_ENV_STEP_MS,
+        label="Reset Done",
     ),
     # ----------------------------------------------------------------------- algorithm loop
     _spec(
@@ -679,6 +711,16 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "Loss/actor, Loss/alpha); NaN / inf are kept so divergence stays visible",
         allow_nonfinite=True,
         family_prefix="Loss/",
+        member_labels=(
+            ("total", "Total Loss"),
+            ("policy", "Policy Loss"),
+            ("value", "Value Loss"),
+            ("kl", "KL Loss"),
+            ("entropy", "Entropy Loss"),
+            ("critic", "Critic Loss"),
+            ("actor", "Actor Loss"),
+            ("alpha", "Alpha Loss"),
+        ),
     ),
     _spec(
         POLICY_FAMILY,
@@ -690,6 +732,22 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "Policy/alpha, Policy/grad_norm); NaN / inf are kept so divergence stays visible",
         allow_nonfinite=True,
         family_prefix="Policy/",
+        member_labels=(
+            ("entropy", "Entropy"),
+            ("entropy_coeff", "Entropy Coef"),
+            ("kl", "KL"),
+            ("kl_coeff", "KL Coef"),
+            ("mean_std", "Action Std"),
+            ("alpha", "Alpha"),
+            ("q_mean", "Q Mean"),
+            ("vf_explained_var", "VF Expl Var"),
+            ("importance_ratio", "IS Ratio"),
+            ("advantage", "Advantage"),
+            ("value_target", "Value Target"),
+            ("behaviour_logp", "Behaviour LogP"),
+            ("grad_norm", "Grad Norm"),
+            ("learning_rate", "LR"),
+        ),
     ),
 )
 

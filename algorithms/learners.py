@@ -21,6 +21,7 @@ statistics go through the stats tracker with their masks as denominators.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Dict
 
 from ray.rllib.algorithms.appo.torch.appo_torch_learner import APPOTorchLearner
@@ -61,7 +62,8 @@ class _TimedLearnerMixin:
         cfg = (self.config.learner_config_dict or {}).get("policy_init")
         if not cfg:
             return
-        for module in self.module._rl_modules.values():
+        for module_id in self.module.keys():
+            module = self.module[module_id]
             module = module.unwrapped() if hasattr(module, "unwrapped") else module
             space = getattr(module, "action_space", None)
             head = getattr(module, "pi", None)
@@ -83,23 +85,43 @@ class _TimedLearnerMixin:
         self.stats = stats_tracker.get(LEARNER_TRACKER)
 
     # ---- phases every path shares --------------------------------------------------------
-    def _update(self, batch, **kwargs):
-        with self.timeline.phase(S.PERF_LEARNING_TIME):
-            out = super()._update(batch, **kwargs)
-        self._grad_updates = getattr(self, "_grad_updates", 0) + 1
-        return out
+    # Learning is the loop's share of ``Learner.update`` between RLlib's two public hooks,
+    # ``before_gradient_based_update`` and ``after_gradient_based_update``, less the Replay
+    # Stage inside it; one gradient update is one ``compute_loss_for_module`` call.
+
+    def before_gradient_based_update(self, *, timesteps):
+        super().before_gradient_based_update(timesteps=timesteps)
+        if self.timeline.on_owner_thread():
+            self._learning_t0 = time.perf_counter()
+            self._staged_s = 0.0
+
+    def after_gradient_based_update(self, *, timesteps):
+        super().after_gradient_based_update(timesteps=timesteps)
+        t0 = getattr(self, "_learning_t0", None)
+        if t0 is not None and self.timeline.on_owner_thread():
+            learning = time.perf_counter() - t0 - self._staged_s
+            self.timeline.add(S.PERF_LEARNING_TIME, max(0.0, learning))
+            self._learning_t0 = None
 
     def _make_batch_if_necessary(self, training_data):
-        if self.timeline.on_owner_thread():
+        # RLlib 2.60 has no public hook around the learner connector (episodes -> train
+        # batch), so the Replay Stage / Ingest timer wraps this method of Learner.update.
+        if not self.timeline.on_owner_thread():
+            with self.timeline.background(S.PERF_LEARNER_INGEST_MS):
+                return super()._make_batch_if_necessary(training_data)
+        t0 = time.perf_counter()
+        try:
             with self.timeline.phase(S.PERF_LEARNER_REPLAY_STAGE_MS):
                 return super()._make_batch_if_necessary(training_data)
-        with self.timeline.background(S.PERF_LEARNER_INGEST_MS):
-            return super()._make_batch_if_necessary(training_data)
+        finally:
+            if getattr(self, "_learning_t0", None) is not None:
+                self._staged_s += time.perf_counter() - t0
 
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
         loss = super().compute_loss_for_module(
             module_id=module_id, config=config, batch=batch, fwd_out=fwd_out
         )
+        self._grad_updates = getattr(self, "_grad_updates", 0) + 1
         self._record_batch_stats(module_id, batch, loss)
         return loss
 
@@ -126,8 +148,6 @@ class _TimedLearnerMixin:
 
     def _export_stats(self, min_interval_s: float = 0.0) -> None:
         """Ship the tracker (at most every min_interval_s), with the gradient-update rate."""
-        import time
-
         now = time.perf_counter()
         last = getattr(self, "_last_export", None)
         if last is not None and now - last < min_interval_s:
@@ -151,8 +171,6 @@ class RaylabPPOLearner(_TimedLearnerMixin, PPOTorchLearner):
     def update(self, *args, training_data=None, **kwargs):
         # The request thread is this loop's thread; the gap since the previous update is the
         # time the learner waited for the EnvRunners.
-        import time
-
         self.timeline.bind_to_current_thread()
         if self._last_update_end is not None:
             self.timeline.add(
@@ -182,7 +200,7 @@ class _TimedCircularBuffer(CircularBuffer):
     def __init__(self, *args, timeline: Timeline, **kwargs):
         super().__init__(*args, **kwargs)
         self._timeline = timeline
-        self._ready = threading.Condition(self._lock)
+        self._ready = threading.Condition()  # notified by put; len() takes the buffer's lock
 
     def put(self, item, block=True, timeout=None):
         dropped = super().put(item, block=block, timeout=timeout)
@@ -192,12 +210,12 @@ class _TimedCircularBuffer(CircularBuffer):
 
     def get(self, block=True, timeout=None):
         tl = self._timeline
-        if tl._owner is None:
+        if not tl.is_bound():
             tl.bind_to_current_thread()
         tl.boundary()
         with tl.phase(S.PERF_LEARNER_COLLECTOR_WAIT_MS):
             with self._ready:
-                while not self._indices:
+                while len(self) == 0:
                     self._ready.wait(timeout=0.5)
         with tl.phase(S.PERF_LEARNER_REPLAY_SAMPLE_MS):
             return super().get(block=block, timeout=timeout)
@@ -207,8 +225,10 @@ class RaylabAPPOLearner(_TimedLearnerMixin, APPOTorchLearner):
     _main_phases = S.LEARNER_MAIN_PHASES["appo"]
 
     def build(self) -> None:
-        # APPOLearner.build, with the timed buffer in place of RLlib's CircularBuffer (the
-        # buffer must exist before IMPALALearner.build starts the learner thread).
+        # APPOLearner.build, with the timed buffer in place of RLlib's CircularBuffer. RLlib
+        # 2.60 has no public point for this timer: APPOLearner.build creates its buffer
+        # unconditionally, IMPALALearner.build starts the learner thread on it, and no config
+        # option picks the buffer class.
         self._init_timeline()
         self._last_update_ts_by_mid = __import__("collections").defaultdict(int)
         if self.config.use_circular_buffer:
@@ -238,7 +258,7 @@ class RaylabAPPOLearner(_TimedLearnerMixin, APPOTorchLearner):
         return super().update(training_data, **kwargs)
 
     def get_state(self, *args, **kwargs):
-        if self.timeline.on_owner_thread() and self.timeline._owner is not None:
+        if self.timeline.on_owner_thread() and self.timeline.is_bound():
             with self.timeline.phase(S.PERF_LEARNER_WEIGHT_PUBLISH_MS):
                 return super().get_state(*args, **kwargs)
         return super().get_state(*args, **kwargs)

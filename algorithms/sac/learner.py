@@ -41,8 +41,10 @@ class RaylabSACLearner(SACTorchLearner):
     def build(self) -> None:
         super().build()
         cfg = self.config
-        if self._device.type == "cpu":
+        if self.device.type == "cpu":
             torch.set_num_threads(max(1, int(cfg.learner_torch_threads)))
+        # The update thread logs while the request thread reduces: RLlib's MetricsLogger has no
+        # public switch for that, so this sets the lock RLlib's own IMPALA learner sets.
         self.metrics._threading_lock = threading.RLock()
         self._model_lock = threading.Lock()  # the update vs get_state / set_state
         self._replay_lock = threading.Lock()
@@ -79,17 +81,17 @@ class RaylabSACLearner(SACTorchLearner):
             target_qf=module.target_qf,
             target_qf_twin=module.target_qf_twin,
             log_alpha=self.curr_log_alpha[self._mid],
-            optimizers=list(self._named_optimizers.values()),
+            optimizers=[opt for _, opt in self.get_optimizers_for_module(self._mid)],
         )
         self._update_fn = self._fused_update
-        if cfg.torch_compile and self._device.type == "cuda":
+        if cfg.torch_compile and self.device.type == "cuda":
             self._update_fn = torch.compile(self._fused_update)
         self._publish()
 
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
         # Critic, actor and temperature optimizers, as foreach (CPU) or fused (GPU) Adam.
-        module = self._module[module_id]
-        fused = self._device.type == "cuda"
+        module = self.module[module_id]
+        fused = self.device.type == "cuda"
         opts = {"foreach": not fused, "fused": fused, "eps": 1e-7}
         critic = self.get_parameters(module.qf) + self.get_parameters(module.qf_twin)
         groups = [
@@ -116,10 +118,10 @@ class RaylabSACLearner(SACTorchLearner):
                 if self._replay is None:
                     self._make_replay(batch)
                 n = self._replay.add(batch)
-                if self._device.type == "cuda":
+                if self.device.type == "cuda":
                     # Once per ingest (one EnvRunner result), not per update: the rows count
                     # as sampleable only once their host-to-device copies have landed.
-                    torch.cuda.current_stream(self._device).synchronize()
+                    torch.cuda.current_stream(self.device).synchronize()
         with self._cond:
             self._ingested += n
             self._staleness.append(float(self._version - max(runner_version, 0)))
@@ -138,7 +140,7 @@ class RaylabSACLearner(SACTorchLearner):
             obs_dim=int(np.asarray(batch["obs"]).shape[-1]),
             action_dim=int(np.asarray(batch["actions"]).shape[-1]),
             batch_size=cfg.train_batch_size_per_learner,
-            device=self._device,
+            device=self.device,
             seed=(cfg.seed or 0) + 17 * self._rank,
         )
         self._spare = self._replay.new_output()
@@ -225,7 +227,7 @@ class RaylabSACLearner(SACTorchLearner):
                 tau=cfg.tau,
                 target_entropy=self.target_entropy[self._mid],
                 grad_clip=cfg.grad_clip,
-                bf16=cfg.bf16_autocast and self._device.type == "cuda",
+                bf16=cfg.bf16_autocast and self.device.type == "cuda",
                 all_reduce=self._all_reduce_grads if self._world > 1 else None,
             )
         with torch.no_grad():  # accumulated on the device; read once per metrics pull

@@ -80,6 +80,10 @@ class Timeline:
     def on_owner_thread(self) -> bool:
         return self._owner is None or threading.current_thread() is self._owner
 
+    def is_bound(self) -> bool:
+        """Whether a thread owns this timeline yet."""
+        return self._owner is not None
+
     @contextmanager
     def phase(self, tag: str) -> Iterator[None]:
         if not self.on_owner_thread():

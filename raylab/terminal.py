@@ -63,25 +63,9 @@ COLLECTOR_LABELS: Dict[str, str] = {
 OTHER_LABEL = "Other"
 ACCOUNTED_LABEL = "Accounted > Wall"
 
-COLLECTOR_LABELS: Dict[str, str] = {
-    S.PERF_COLLECTOR_INFERENCE_REQUEST_MS: "Inference Request",
-    S.PERF_COLLECTOR_LEARNER_ACTION_WAIT_MS: "Learner Action Wait",
-    S.PERF_COLLECTOR_MLP_INFER_MS: "MLP Infer",
-    S.PERF_COLLECTOR_ENV_STEP_MS: "Env Step",
-    S.PERF_COLLECTOR_TRANSITION_EXTRACT_MS: "Transition Extract",
-    S.PERF_COLLECTOR_REPLAY_WRITE_MS: "Replay Write",
-    S.PERF_COLLECTOR_METRICS_PUBLISH_MS: "Metrics Publish",
-    S.PERF_COLLECTION_TIME: "Rollout Wall",
-    S.PERF_COLLECTOR_ACTION_VALIDATE_MS: "Action Validate",
-    S.PERF_COLLECTOR_APPLY_ACTION_MS: "Apply Action",
-    S.PERF_COLLECTOR_BACKEND_STEP_MS: "Backend Step",
-    S.PERF_COLLECTOR_UPDATE_STATE_MS: "Update State",
-    S.PERF_COLLECTOR_RESET_DONE_MS: "Reset Done",
-}
 CYCLE_LABEL = "Cycle"
 # Collector cycle phases that are quiet diagnostics: shown only above QUIET_SHARE of the cycle.
 QUIET_CYCLE_PHASES = (
-    S.PERF_COLLECTOR_INFERENCE_REQUEST_MS,
     S.PERF_COLLECTOR_TRANSITION_EXTRACT_MS,
     S.PERF_COLLECTOR_METRICS_PUBLISH_MS,
 )

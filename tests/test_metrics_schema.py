@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_version_and_required_tags_registered():
+    # The contract's tags for the paths raylab has (learner-owned inference is not one).
     assert schema.METRIC_SCHEMA_VERSION == 1
     required = [
         "Train/mean_reward",
@@ -29,11 +30,6 @@ def test_version_and_required_tags_registered():
         "Perf/learning_time",
         "Perf/iteration_time",
         "Perf/learner_collector_wait_ms",
-        "Perf/learner_inference_ms",
-        "Perf/learner_inference_h2d_ms",
-        "Perf/learner_inference_forward_ms",
-        "Perf/learner_inference_d2h_ms",
-        "Perf/learner_collector_release_ms",
         "Perf/learner_replay_batch_wait_ms",
         "Perf/learner_replay_stage_ms",
         "Perf/learner_replay_sample_ms",
@@ -52,8 +48,6 @@ def test_version_and_required_tags_registered():
         "Perf/collector_env_step_ms",
         "Perf/collector_mlp_infer_ms",
         "Perf/collector_replay_write_ms",
-        "Perf/collector_inference_request_ms",
-        "Perf/collector_learner_action_wait_ms",
         "reward/<term>",
         "Episode_Termination/<term>",
         "Loss/<name>",
@@ -90,8 +84,10 @@ def test_spec_fields_and_raylab_specific_phases():
     # request thread beside the learner thread (background ingest).
     assert ept.algorithms == frozenset({"ppo"})
     assert schema.PERF_LEARNER_EPISODE_TRANSFER_MS not in schema.LEARNER_MAIN_PHASES["appo"]
-    # Learner-owned inference is registered but reserved: raylab's EnvRunners own inference.
-    assert schema.TAGS[schema.PERF_LEARNER_INFERENCE_MS].algorithms == frozenset()
+    # Learner-owned inference is no raylab path (its EnvRunners own inference): not registered,
+    # its pre-schema names retired.
+    assert "Perf/learner_inference_ms" not in schema.TAGS
+    assert "timing/inference_total_ms" in schema.RETIRED_TAGS
     wb = schema.TAGS[schema.PERF_WEIGHT_BROADCAST_MS]
     assert wb.kind == "runner" and wb.owner == "runner"
     assert all(wb.name not in phases for phases in schema.LEARNER_MAIN_PHASES.values())
@@ -101,7 +97,8 @@ def test_spec_fields_and_raylab_specific_phases():
     assert schema.TAGS[schema.PERF_REPLAY_INGRESS_H2D_SUBMIT_MS].kind == "background"
     assert schema.TAGS[schema.PERF_LEARNER_INGEST_MS].kind == "background"
     assert (
-        schema.TAGS[schema.PERF_LEARNER_INFERENCE_H2D_MS].parent == schema.PERF_LEARNER_INFERENCE_MS
+        schema.TAGS[schema.PERF_COLLECTOR_ACTION_VALIDATE_MS].parent
+        == schema.PERF_COLLECTOR_ENV_STEP_MS
     )
     assert schema.TAGS[schema.PERF_COLLECTION_TIME].kind == "collector"
 
@@ -138,7 +135,7 @@ def test_learner_other_is_wall_minus_main_phases_in_seconds():
         schema.PERF_ITERATION_TIME: 2.0,
         schema.PERF_LEARNER_COLLECTOR_WAIT_MS: 250.0,
         schema.PERF_LEARNING_TIME: 1.5,
-        schema.PERF_LEARNER_INFERENCE_H2D_MS: 999.0,  # nested: never counted
+        schema.PERF_DP_GRADIENT_SYNC_MS_PER_RANK: 999.0,  # nested: never counted
         schema.PERF_REPLAY_INGRESS_H2D_SUBMIT_MS: 999.0,  # background: never counted
     }
     assert schema.learner_other_s(m, "appo") == pytest.approx(0.25)
@@ -243,9 +240,7 @@ def test_legacy_table_is_data_with_unit_factors():
     assert mig["perf/iter_ms"].factor == 0.001
     assert mig["train/dp_sync_time"].factor == 1000.0
     assert mig["timing/collector_rollout_ms"].canonical == schema.PERF_COLLECTION_TIME
-    assert mig["timing/collector_inference_wait_ms"].canonical == (
-        schema.PERF_COLLECTOR_LEARNER_ACTION_WAIT_MS
-    )
+    assert "timing/collector_inference_wait_ms" not in mig  # retired with its path
     assert schema.migrate_legacy("timing/learner_incremental_h2d_ms", "appo") == (
         schema.PERF_LEARNER_REPLAY_STAGE_MS,
         1.0,

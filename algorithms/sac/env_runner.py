@@ -102,11 +102,14 @@ class RaylabSACEnvRunner(RaylabEnvRunner):
         from raylab.algorithms.callbacks import record_env_log
 
         record_env_log(self, self.metrics)
+        metrics = self.get_metrics()
+        # Metrics Publish of this request travels with the next one (this export is done).
+        tracker.scalar(**{S.PERF_COLLECTOR_METRICS_PUBLISH_MS: (time.perf_counter() - t4) * 1000.0})
         return {
             "shards": shards,
             "count": count,
             "version": self._weights_version,
-            "metrics": self.get_metrics(),
+            "metrics": metrics,
         }
 
 

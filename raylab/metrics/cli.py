@@ -331,9 +331,9 @@ def render_docs() -> str:
     add("")
     add(
         "- nested timings to their parent or to the main phases (they are part of one phase, "
-        "for example the inference H2D / forward / D2H children of "
-        f"`{schema.PERF_LEARNER_INFERENCE_MS}`, or gradient all-reduce inside "
-        f"`{schema.PERF_LEARNING_TIME}`);"
+        "for example gradient all-reduce inside "
+        f"`{schema.PERF_LEARNING_TIME}`, or the env-step breakdown inside "
+        f"`{schema.PERF_COLLECTOR_ENV_STEP_MS}`);"
     )
     add(
         "- background timings (they overlap the main thread, for example "
@@ -362,9 +362,10 @@ def render_docs() -> str:
         add(f"| {algo} | {cycle} |")
     add("")
     add(
-        f"`{schema.PERF_COLLECTOR_LEARNER_ACTION_WAIT_MS}` is deliberately not called an "
-        "inference wait: when the collector reaches its next request while the learner is still "
-        "updating, the wait includes the rest of that update."
+        "Learner-owned inference (a learner that answers the collectors' action requests, with "
+        "its Inference, Collector Release, Inference Request and Learner Action Wait timings) is "
+        "not a path any raylab algorithm has: every EnvRunner runs its own policy copy. Those "
+        "tags are not registered; their pre-schema names are retired."
     )
     add("")
     add("## Tags")

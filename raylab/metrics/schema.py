@@ -154,8 +154,6 @@ PERF_LEARNER_UPDATES_PER_S = "Perf/learner_updates_per_s"
 # learner main thread (mutually exclusive phases) and its wall
 PERF_LEARNER_COLLECTOR_WAIT_MS = "Perf/learner_collector_wait_ms"
 PERF_LEARNER_EPISODE_TRANSFER_MS = "Perf/learner_episode_transfer_ms"
-PERF_LEARNER_INFERENCE_MS = "Perf/learner_inference_ms"
-PERF_LEARNER_COLLECTOR_RELEASE_MS = "Perf/learner_collector_release_ms"
 PERF_LEARNER_REPLAY_BATCH_WAIT_MS = "Perf/learner_replay_batch_wait_ms"
 PERF_LEARNER_REPLAY_STAGE_MS = "Perf/learner_replay_stage_ms"
 PERF_LEARNER_REPLAY_SAMPLE_MS = "Perf/learner_replay_sample_ms"
@@ -164,17 +162,12 @@ PERF_LEARNER_WEIGHT_PUBLISH_MS = "Perf/learner_weight_publish_ms"
 PERF_ITERATION_TIME = "Perf/iteration_time"
 
 # learner nested and background
-PERF_LEARNER_INFERENCE_H2D_MS = "Perf/learner_inference_h2d_ms"
-PERF_LEARNER_INFERENCE_FORWARD_MS = "Perf/learner_inference_forward_ms"
-PERF_LEARNER_INFERENCE_D2H_MS = "Perf/learner_inference_d2h_ms"
 PERF_DP_GRADIENT_SYNC_MS_PER_RANK = "Perf/dp_gradient_sync_ms_per_rank"
 PERF_DP_GRADIENT_SYNC_CALLS_PER_RANK = "Perf/dp_gradient_sync_calls_per_rank"
 PERF_REPLAY_INGRESS_H2D_SUBMIT_MS = "Perf/replay_ingress_h2d_submit_ms"
 PERF_LEARNER_INGEST_MS = "Perf/learner_ingest_ms"
 
 # collector (EnvRunner) timeline
-PERF_COLLECTOR_INFERENCE_REQUEST_MS = "Perf/collector_inference_request_ms"
-PERF_COLLECTOR_LEARNER_ACTION_WAIT_MS = "Perf/collector_learner_action_wait_ms"
 PERF_COLLECTOR_MLP_INFER_MS = "Perf/collector_mlp_infer_ms"
 PERF_COLLECTOR_ENV_STEP_MS = "Perf/collector_env_step_ms"
 PERF_COLLECTOR_TRANSITION_EXTRACT_MS = "Perf/collector_transition_extract_ms"
@@ -218,10 +211,6 @@ def _spec(name, owner, unit, aggregation, algorithms, description, **kw) -> Metr
 
 _PPO, _APPO, _SAC = ("ppo",), ("appo",), ("sac",)
 _OFF_POLICY = ("appo", "sac")
-# Learner-owned inference (the learner answers the collector's action requests) is part of the
-# contract, but no raylab algorithm has that path: raylab's EnvRunners run their own policy
-# copy. These tags are registered, documented and emitted by nobody.
-_RESERVED: Tuple[str, ...] = ()
 
 _SPECS: Tuple[MetricSpec, ...] = (
     # ----------------------------------------------------------------------- progress
@@ -335,29 +324,6 @@ _SPECS: Tuple[MetricSpec, ...] = (
         label="Episode Transfer",
     ),
     _spec(
-        PERF_LEARNER_INFERENCE_MS,
-        "learner",
-        "ms",
-        "mean",
-        _RESERVED,
-        "Learner-owned inference for the collectors (observation H2D, actor forward, action "
-        "D2H); only when the learner serves actions, EnvRunners that infer locally do not "
-        "emit it",
-        kind="main_phase",
-        label="Inference",
-    ),
-    _spec(
-        PERF_LEARNER_COLLECTOR_RELEASE_MS,
-        "learner",
-        "ms",
-        "mean",
-        _RESERVED,
-        "Publishing the action response to the waiting collector (learner-owned inference); "
-        "long only when the response queue has not drained",
-        kind="main_phase",
-        label="Collector Release",
-    ),
-    _spec(
         PERF_LEARNER_REPLAY_BATCH_WAIT_MS,
         "learner",
         "ms",
@@ -421,39 +387,6 @@ _SPECS: Tuple[MetricSpec, ...] = (
     ),
     # ------------------------------------------------------------------ learner nested, background
     _spec(
-        PERF_LEARNER_INFERENCE_H2D_MS,
-        "learner",
-        "ms",
-        "mean",
-        _RESERVED,
-        "Observation copy to the learner device",
-        kind="nested",
-        parent=PERF_LEARNER_INFERENCE_MS,
-        label="H2D",
-    ),
-    _spec(
-        PERF_LEARNER_INFERENCE_FORWARD_MS,
-        "learner",
-        "ms",
-        "mean",
-        _RESERVED,
-        "Actor forward pass including the device synchronisation",
-        kind="nested",
-        parent=PERF_LEARNER_INFERENCE_MS,
-        label="Forward",
-    ),
-    _spec(
-        PERF_LEARNER_INFERENCE_D2H_MS,
-        "learner",
-        "ms",
-        "mean",
-        _RESERVED,
-        "Action copy back to host memory",
-        kind="nested",
-        parent=PERF_LEARNER_INFERENCE_MS,
-        label="D2H",
-    ),
-    _spec(
         PERF_DP_GRADIENT_SYNC_MS_PER_RANK,
         "learner",
         "ms",
@@ -498,27 +431,6 @@ _SPECS: Tuple[MetricSpec, ...] = (
         label="Ingest (bg)",
     ),
     # ----------------------------------------------------------------------- collector (EnvRunner)
-    _spec(
-        PERF_COLLECTOR_INFERENCE_REQUEST_MS,
-        "collector",
-        "ms",
-        "mean",
-        _RESERVED,
-        "Publishing observations / dones to the learner-owned inference and notifying it",
-        kind="collector",
-        label="Inference Request",
-    ),
-    _spec(
-        PERF_COLLECTOR_LEARNER_ACTION_WAIT_MS,
-        "collector",
-        "ms",
-        "mean",
-        _RESERVED,
-        "From request publication until the learner returns this tick's action; includes any "
-        "remaining learner update, not only inference latency",
-        kind="collector",
-        label="Learner Action Wait",
-    ),
     _spec(
         PERF_COLLECTOR_MLP_INFER_MS,
         "collector",
@@ -791,8 +703,6 @@ COLLECTOR_CYCLE_PHASES: Dict[str, Tuple[str, ...]] = {
     "ppo": (),
     "appo": (),
     "sac": (
-        PERF_COLLECTOR_INFERENCE_REQUEST_MS,
-        PERF_COLLECTOR_LEARNER_ACTION_WAIT_MS,
         PERF_COLLECTOR_MLP_INFER_MS,
         PERF_COLLECTOR_ENV_STEP_MS,
         PERF_COLLECTOR_TRANSITION_EXTRACT_MS,
@@ -820,32 +730,23 @@ def _legacy_table() -> Dict[str, LegacyRule]:
         "episode/timeout_rate": LegacyRule(EPISODE_TIMEOUT_RATE),
         "perf/iter_ms": LegacyRule(PERF_ITERATION_TIME, 0.001, "ms -> s"),
         "timing/learner_train_ms": LegacyRule(PERF_LEARNING_TIME, 0.001, "ms -> s"),
-        "timing/inference_total_ms": LegacyRule(PERF_LEARNER_INFERENCE_MS),
-        "timing/inference_h2d_ms": LegacyRule(PERF_LEARNER_INFERENCE_H2D_MS),
-        "timing/inference_forward_ms": LegacyRule(PERF_LEARNER_INFERENCE_FORWARD_MS),
-        "timing/inference_d2h_ms": LegacyRule(PERF_LEARNER_INFERENCE_D2H_MS),
         "timing/learner_incremental_h2d_ms": LegacyRule(
             {"sac": PERF_REPLAY_INGRESS_H2D_SUBMIT_MS, "appo": PERF_LEARNER_REPLAY_STAGE_MS},
             note="SAC: background ingress submit; APPO: synchronous replay stage",
         ),
         "timing/replay_ingress_h2d_submit_ms": LegacyRule(PERF_REPLAY_INGRESS_H2D_SUBMIT_MS),
-        "timing/collector_inference_wait_ms": LegacyRule(
-            PERF_COLLECTOR_LEARNER_ACTION_WAIT_MS, note="renamed: it is not only inference"
-        ),
         "timing/collector_rollout_ms": LegacyRule(PERF_COLLECTION_TIME, 0.001, "ms -> s"),
         "train/dp_sync_time": LegacyRule(PERF_DP_GRADIENT_SYNC_MS_PER_RANK, 1000.0, "s -> ms"),
         "train/dp_gradient_sync_calls": LegacyRule(PERF_DP_GRADIENT_SYNC_CALLS_PER_RANK),
     }
     for phase in (
         "collector_wait",
-        "collector_release",
         "replay_batch_wait",
         "replay_sample",
         "weight_publish",
     ):
         t[f"timing/learner_{phase}_ms"] = LegacyRule(f"Perf/learner_{phase}_ms")
     for phase in (
-        "inference_request",
         "env_step",
         "replay_write",
         "mlp_infer",
@@ -873,6 +774,16 @@ RETIRED_TAGS: Dict[str, str] = {
     "timing/learner_other_ms": "terminal-only Other = iteration wall - main phases",
     "perf/learner_pipeline_ms": "derivable from the learner main phases",
     "Episode_Reward/*": "duplicated reward/<term> with a different meaning; use reward/<term>",
+    # Learner-owned inference (the learner answers the collectors' action requests): no raylab
+    # algorithm has that path (every EnvRunner runs its own policy copy), so raylab does not
+    # register its tags.
+    "timing/inference_total_ms": "learner-owned inference: no raylab algorithm has that path",
+    "timing/inference_h2d_ms": "learner-owned inference: no raylab algorithm has that path",
+    "timing/inference_forward_ms": "learner-owned inference: no raylab algorithm has that path",
+    "timing/inference_d2h_ms": "learner-owned inference: no raylab algorithm has that path",
+    "timing/collector_inference_wait_ms": "learner-owned inference: no raylab algorithm has it",
+    "timing/learner_collector_release_ms": "learner-owned inference: no raylab algorithm has it",
+    "timing/collector_inference_request_ms": "learner-owned inference: no raylab algorithm has it",
 }
 """Retired tags without a replacement (``*`` matches any text) -> why / what to use instead."""
 

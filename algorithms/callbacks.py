@@ -15,6 +15,15 @@ from raylab.metrics import schema as S
 from raylab.metrics import tracker as stats_tracker
 from raylab.metrics.timeline import COLLECTOR_TRACKER, push_partial_state
 
+# The batched env's step parts (BatchedVecEnv.STEP_PARTS) -> their nested Env Step tags.
+STEP_PART_TAGS = {
+    "action_validate": S.PERF_COLLECTOR_ACTION_VALIDATE_MS,
+    "apply_action": S.PERF_COLLECTOR_APPLY_ACTION_MS,
+    "backend_step": S.PERF_COLLECTOR_BACKEND_STEP_MS,
+    "update_state": S.PERF_COLLECTOR_UPDATE_STATE_MS,
+    "reset_done": S.PERF_COLLECTOR_RESET_DONE_MS,
+}
+
 # Result key of the actor placement the driver turns into the runtime manifest.
 RUNTIME_KEY = "raylab_runtime"
 
@@ -51,6 +60,13 @@ def record_env_log(env_runner, metrics_logger) -> None:
     tracker = stats_tracker.get(COLLECTOR_TRACKER)
     env = getattr(env_runner, "env", None)
     pop_log = getattr(getattr(env, "unwrapped", None), "pop_log", None)
+    pop_step_times = getattr(getattr(env, "unwrapped", None), "pop_step_times", None)
+    if callable(pop_step_times):  # the batched env's Env Step, part by part, per step
+        means, steps = pop_step_times()
+        if steps:  # weighted by the steps, as Env Step itself is
+            tracker.scalar_series(
+                **{STEP_PART_TAGS[k]: np.full(steps, v) for k, v in means.items()}
+            )
     if callable(pop_log):
         log = pop_log()
         family = {k: S.spec_of(k).name for k in log}

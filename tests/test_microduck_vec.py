@@ -469,6 +469,24 @@ def test_episode_survival_stats():
     vec.close()
 
 
+def test_step_times_are_the_parts_of_each_step():
+    import time
+
+    env = MicroduckBalanceVecEnv(num_envs=4, episode_steps=5, num_pushes=0)
+    env.reset(seed=0)
+    assert env.pop_step_times() == ({p: 0.0 for p in env.STEP_PARTS}, 0)
+    t0 = time.perf_counter()
+    for _ in range(12):  # two autoresets on the way
+        env.step(np.zeros((4, 14)))
+    wall_ms = (time.perf_counter() - t0) * 1000.0
+    means, steps = env.pop_step_times()
+    assert steps == 12 and set(means) == set(env.STEP_PARTS)
+    assert all(v >= 0.0 for v in means.values()) and means["backend_step"] > 0.0
+    assert sum(means.values()) * steps <= wall_ms
+    assert env.pop_step_times()[1] == 0  # cleared
+    env.close()
+
+
 def test_baselines_hold_pose_beats_random():
     from raylab.bench.baselines import run_baselines
 

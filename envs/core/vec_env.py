@@ -23,12 +23,17 @@ which builds the managers and the spaces. Hooks:
 - ``_reset_envs(env_ids)``: events, commands and sensors of the given envs;
 - ``_observe(env_ids)``: per-observation work such as sensor noise (default none);
 - ``_reset_info()``: the full-mode info of a reset;
-- ``_step_envs(actions, resetting)``: one control step of the envs not resetting, returning
-  its observation, reward, terminated, truncated and info.
+- ``_apply_actions(actions, ids)``: the stepping envs' actions and servo targets; the base then
+  applies the step events (pushes) and steps the physics;
+- ``_after_physics(active, resetting)``: everything after the physics (sensors, observation,
+  rewards, terminations, info), returning observation, reward, terminated, truncated, info.
+
+``pop_step_times()`` hands out how long each part of every ``step`` took.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import gymnasium as gym
@@ -134,6 +139,7 @@ class BatchedVecEnv(VectorEnv):
     """N envs of one task in one process, physics on T threads (see the module docstring)."""
 
     metadata = {"render_modes": [], "autoreset_mode": AutoresetMode.NEXT_STEP}
+    STEP_PARTS = ("action_validate", "apply_action", "backend_step", "update_state", "reset_done")
 
     num_actions: int
     observations: ObservationManager
@@ -180,6 +186,8 @@ class BatchedVecEnv(VectorEnv):
         self._needs_reset = np.zeros(n, dtype=bool)
         self._has_reset = False
         self.action_clip_count = 0  # action entries clipped to [-1, 1] since construction
+        self._step_time_sums = np.zeros(len(self.STEP_PARTS))  # seconds, since the last pop
+        self._timed_steps = 0
         self._build()
 
     def _init_managers(
@@ -232,7 +240,13 @@ class BatchedVecEnv(VectorEnv):
     def _reset_info(self) -> Dict[str, Any]:
         raise NotImplementedError
 
-    def _step_envs(self, actions: np.ndarray, resetting: np.ndarray):
+    def _apply_actions(self, actions: np.ndarray, ids: np.ndarray) -> None:
+        """The stepping envs' action state and servo targets (``self.ctrl``)."""
+        raise NotImplementedError
+
+    def _after_physics(self, active: np.ndarray, resetting: np.ndarray):
+        """After the physics step of the ``active`` envs: state, observation, reward,
+        terminated, truncated, info."""
         raise NotImplementedError
 
     # -- Gymnasium API -----------------------------------------------------------------------
@@ -254,15 +268,27 @@ class BatchedVecEnv(VectorEnv):
     def step(self, actions):
         if not self._has_reset:
             raise RuntimeError("call reset() before step()")
+        t0 = time.perf_counter()
         actions, clipped = check_actions(actions, self.num_envs, self.num_actions)
         self.action_clip_count += clipped
+        t1 = time.perf_counter()
         # NEXT_STEP autoreset: envs whose episode ended on the previous call reset now and
         # ignore this call's action (reward 0, not done).
         resetting = self._needs_reset.copy()
         if resetting.any():
             self._reset_envs(np.flatnonzero(resetting))
         self.stepping[:] = ~resetting
-        obs, reward, terminated, truncated, info = self._step_envs(actions, resetting)
+        active = self.stepping
+        ids = np.flatnonzero(active)
+        t2 = time.perf_counter()
+        self._apply_actions(actions, ids)
+        self.events.apply("step", self)  # pushes -> kick_mask, kick
+        t3 = time.perf_counter()
+        self.sim.step(self.ctrl, active, self.kick_mask, self.kick)
+        self.step_count[ids] += 1
+        t4 = time.perf_counter()
+        obs, reward, terminated, truncated, info = self._after_physics(active, resetting)
+        t5 = time.perf_counter()
         done = terminated | truncated
         if self.autoreset == "next_step":
             self._needs_reset = done
@@ -273,7 +299,21 @@ class BatchedVecEnv(VectorEnv):
             self._reset_envs(done_ids)
             self._observe(done_ids)
             obs[done_ids] = self.observations.compute(self)[done_ids]
+        t6 = time.perf_counter()
+        self._step_time_sums += (t1 - t0, t3 - t2, t4 - t3, t5 - t4, (t2 - t1) + (t6 - t5))
+        self._timed_steps += 1
         return obs, reward, terminated, truncated, info
+
+    def pop_step_times(self) -> Tuple[Dict[str, float], int]:
+        """The mean time (ms) of each part of ``step`` (:data:`STEP_PARTS`: the action check,
+        the servo targets and events, the physics, everything computed after it - sensors,
+        observation, rewards, terminations, infos - and autoresets) over the steps since the
+        last pop, and their number; then clear."""
+        n = self._timed_steps
+        means = self._step_time_sums * (1000.0 / n) if n else np.zeros(len(self.STEP_PARTS))
+        self._step_time_sums = np.zeros(len(self.STEP_PARTS))
+        self._timed_steps = 0
+        return {name: float(means[k]) for k, name in enumerate(self.STEP_PARTS)}, n
 
     def _full_step_info(self, active: np.ndarray) -> Dict[str, Any]:
         """The part of a full-mode step info every task has: the weighted reward terms and this

@@ -650,10 +650,7 @@ class JoystickVecEnv(BatchedVecEnv):
 
     # -- step --------------------------------------------------------------------------------
 
-    def _step_envs(self, actions: np.ndarray, resetting: np.ndarray):
-        active = self.stepping
-        ids = np.flatnonzero(active)
-
+    def _apply_actions(self, actions: np.ndarray, ids: np.ndarray) -> None:
         self.prev_action[ids] = self.action[ids]
         self.action[ids] = actions[ids]
         target = np.clip(
@@ -661,9 +658,8 @@ class JoystickVecEnv(BatchedVecEnv):
         )
         self.ctrl[:, self.robot.act_ids] = target
 
-        self.events.apply("step", self)  # pushes -> kick_mask, kick
-        self.sim.step(self.ctrl, active, self.kick_mask, self.kick)
-        self.step_count[ids] += 1
+    def _after_physics(self, active: np.ndarray, resetting: np.ndarray):
+        ids = np.flatnonzero(active)
         self.gait_phase[ids] = (self.gait_phase[ids] + self.opts.gait_freq_hz * CONTROL_DT) % 1.0
 
         self._read_sensors()

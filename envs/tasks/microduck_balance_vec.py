@@ -345,13 +345,9 @@ class MicroduckBalanceVecEnv(BatchedVecEnv):
 
     # -- step --------------------------------------------------------------------------------
 
-    def _step_envs(self, actions: np.ndarray, resetting: np.ndarray):
-        n = self.num_envs
-        reset_ids = np.flatnonzero(resetting)
-        active = self.stepping
-        act_ids = np.flatnonzero(active)
-
+    def _apply_actions(self, actions: np.ndarray, act_ids: np.ndarray) -> None:
         # Actions, latency and servo targets of the stepping envs.
+        n = self.num_envs
         self.prev_action[act_ids] = self.action[act_ids]
         self.action[act_ids] = actions[act_ids]
         hist = self.action_history
@@ -361,9 +357,9 @@ class MicroduckBalanceVecEnv(BatchedVecEnv):
         target = np.clip(self.stand + self.action_scale * delayed, self.lower, self.upper)
         self.ctrl[:, self.robot.act_ids] = target
 
-        self.events.apply("step", self)  # pushes -> kick_mask, kick
-        self.sim.step(self.ctrl, active, self.kick_mask, self.kick)
-        self.step_count[act_ids] += 1
+    def _after_physics(self, active: np.ndarray, resetting: np.ndarray):
+        n = self.num_envs
+        reset_ids = np.flatnonzero(resetting)
         self.commands.step(active, self.rngs)
 
         self._read_sensors()

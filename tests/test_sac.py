@@ -218,7 +218,8 @@ def test_two_learners_all_reduce_gradients(tmp_path):
     for tag in (S.PERF_DP_GRADIENT_SYNC_MS_PER_RANK, S.PERF_DP_GRADIENT_SYNC_CALLS_PER_RANK):
         assert tag in table.tags, tag
     calls = [v for _, v in table.column(S.PERF_DP_GRADIENT_SYNC_CALLS_PER_RANK) if v is not None]
-    assert calls and all(v == 1.0 for v in calls)  # one all-reduce per update, per rank
+    # Counted: one all-reduce per update, so a report after several updates counts several.
+    assert calls and min(calls) >= 1.0 and max(calls) > 1.0, calls
     manifest = read_summary(run_dir / "run_summary.json")["runtime_manifest"]
     assert len(manifest["learners"]) == 2
 

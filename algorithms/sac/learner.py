@@ -249,11 +249,9 @@ class RaylabSACLearner(SACTorchLearner):
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
         self.stats.scalar(
-            **{
-                S.PERF_DP_GRADIENT_SYNC_MS_PER_RANK: (time.perf_counter() - t0) * 1000.0,
-                S.PERF_DP_GRADIENT_SYNC_CALLS_PER_RANK: 1.0,
-            }
+            **{S.PERF_DP_GRADIENT_SYNC_MS_PER_RANK: (time.perf_counter() - t0) * 1000.0}
         )
+        self._sync_calls = getattr(self, "_sync_calls", 0) + 1
 
     def _publish(self) -> None:
         """A new weights version (copied to host memory only when an EnvRunner needs it)."""
@@ -303,6 +301,9 @@ class RaylabSACLearner(SACTorchLearner):
             self.stats.scalar(**{S.PERF_POLICY_STALENESS: float(np.mean(staleness))})
         if self._replay is not None:
             self.stats.scalar(**{S.PERF_REPLAY_BUFFER_SIZE: float(self._replay.size)})
+        if self._world > 1:  # this rank's all-reduce calls since the last report
+            calls, self._sync_calls = getattr(self, "_sync_calls", 0), 0
+            self.stats.scalar(**{S.PERF_DP_GRADIENT_SYNC_CALLS_PER_RANK: float(calls)})
         push_partial_state(self.metrics, LEARNER_TRACKER)
         return self.metrics.reduce()
 

@@ -404,8 +404,8 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "count",
         "mean",
         _ALL,
-        "Gradient all-reduce calls of one learner rank in the iteration; only with more than "
-        "one learner",
+        "Gradient all-reduce calls of one learner rank since the previous result (counted, "
+        "averaged over the ranks); only with more than one learner",
     ),
     _spec(
         PERF_REPLAY_INGRESS_H2D_SUBMIT_MS,

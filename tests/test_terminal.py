@@ -6,6 +6,7 @@ import io
 import pickle
 import re
 from pathlib import Path
+from typing import Dict, List, Tuple
 
 import pytest
 from rich.console import Console
@@ -25,6 +26,114 @@ LEARNER_ONLY = (
 )
 
 
+def synthetic_samples(algo: str) -> List[Dict[str, float]]:
+    """Two hand-made iterations with round, known values, for the rendering logic tests (the
+    docs frames use the samples recorded from real runs, T.example_panel)."""
+    base: Dict[str, float] = {
+        S.TRAIN_MEAN_REWARD: 212.4,
+        S.TRAIN_MEAN_EPISODE_LENGTH: 231.0,
+        S.EPISODE_TIMEOUT_RATE: 0.62,
+        S.PERF_TOTAL_FPS: 48210.0,
+        S.PERF_LEARNER_ROWS_PER_S: 47950.0,
+        S.PERF_LEARNER_UPDATES_PER_S: 11.8,
+        S.PERF_WEIGHT_BROADCAST_MS: 3.4,
+        S.PERF_COLLECTOR_MLP_INFER_MS: 0.41,
+        S.PERF_COLLECTOR_ENV_STEP_MS: 1.92,
+        S.PERF_COLLECTOR_BACKEND_STEP_MS: 1.31,
+        S.PERF_COLLECTOR_UPDATE_STATE_MS: 0.38,
+        S.PERF_COLLECTOR_RESET_DONE_MS: 0.11,
+        S.PERF_COLLECTOR_APPLY_ACTION_MS: 0.012,
+        S.PERF_COLLECTOR_ACTION_VALIDATE_MS: 0.004,
+        S.PERF_COLLECTION_TIME: 0.512,
+        S.PERF_LEARNER_COLLECTOR_WAIT_MS: 41.0,
+        S.PERF_LEARNER_EPISODE_TRANSFER_MS: 18.5,
+        S.PERF_LEARNING_TIME: 0.871,
+        S.PERF_ITERATION_TIME: 1.004,
+        S.loss_tag("total"): 0.4183,
+        S.loss_tag("policy"): -0.0121,
+        S.loss_tag("value"): 0.8712,
+        S.policy_tag("entropy"): 9.84,
+        S.policy_tag("grad_norm"): 0.733,
+        S.policy_tag("learning_rate"): 3.0e-4,
+        S.reward_tag("alive"): 1.0,
+        S.reward_tag("upright"): 0.742,
+        S.reward_tag("base_height"): 0.318,
+        S.reward_tag("joint_pos"): -0.0412,
+        S.reward_tag("action_rate"): -0.0187,
+        S.reward_tag("torques"): -0.00061,
+    }
+    if algo == "appo":
+        base.update(
+            {
+                S.PERF_LEARNER_REPLAY_STAGE_MS: 12.2,
+                S.PERF_LEARNER_REPLAY_SAMPLE_MS: 4.1,
+                S.PERF_LEARNER_WEIGHT_PUBLISH_MS: 9.6,
+                S.PERF_LEARNER_INGEST_MS: 22.7,
+                S.PERF_POLICY_STALENESS: 1.5,
+                S.policy_tag("importance_ratio"): 0.998,
+                S.policy_tag("vf_explained_var"): 0.912,
+            }
+        )
+    elif algo == "ppo":
+        base.update(
+            {
+                S.loss_tag("kl"): 0.0042,
+                S.policy_tag("kl_coeff"): 0.2,
+                S.policy_tag("vf_explained_var"): 0.912,
+            }
+        )
+    elif algo == "sac":
+        for tag in (
+            S.loss_tag("total"),
+            S.loss_tag("policy"),
+            S.loss_tag("value"),
+            S.policy_tag("entropy"),
+        ):
+            base.pop(tag)
+        base.update(
+            {
+                S.loss_tag("critic"): 1.273,
+                S.loss_tag("actor"): -38.61,
+                S.loss_tag("alpha"): -0.0312,
+                S.policy_tag("alpha"): 0.0418,
+                S.policy_tag("q_mean"): 40.21,
+                S.PERF_LEARNER_REPLAY_BATCH_WAIT_MS: 0.8,
+                S.PERF_LEARNER_REPLAY_SAMPLE_MS: 6.3,
+                S.PERF_REPLAY_BUFFER_SIZE: 1_000_000.0,
+                S.PERF_POLICY_STALENESS: 1.0,
+                S.PERF_COLLECTOR_REPLAY_WRITE_MS: 0.27,
+                S.PERF_COLLECTOR_METRICS_PUBLISH_MS: 0.004,
+            }
+        )
+    second = {k: v * 1.02 for k, v in base.items()}  # every time and value 2% up
+    if S.PERF_REPLAY_BUFFER_SIZE in base:
+        second[S.PERF_REPLAY_BUFFER_SIZE] = base[S.PERF_REPLAY_BUFFER_SIZE]
+    return [base, second]
+
+
+def synthetic_panel(algo: str = "appo") -> Tuple[T.TerminalPanel, float]:
+    """A panel fed :func:`synthetic_samples` half a second apart, and the time to render it."""
+    system = T.SystemInfo(
+        algo=algo,
+        task="microduck_balance",
+        runners=4,
+        envs_per_runner=64,
+        learners=1,
+        gpus_per_learner=0.0,
+    )
+    panel = T.TerminalPanel(system)
+    t = 100.0
+    for i, metrics in enumerate(synthetic_samples(algo)):
+        panel.add_sample(
+            metrics,
+            t + 0.5 * i,
+            iteration=241 + i,
+            env_steps=11_520_000 + 61_440 * i,
+            time_total_s=247.3 + 0.5 * i,
+        )
+    return panel, t + 0.9
+
+
 def capture(renderable, width: int) -> str:
     console = Console(record=True, width=width, force_terminal=True, file=io.StringIO())
     console.print(renderable)
@@ -32,6 +141,11 @@ def capture(renderable, width: int) -> str:
 
 
 def frame(algo: str, width: int) -> str:
+    panel, now = synthetic_panel(algo)
+    return capture(panel.render(width, now), width)
+
+
+def recorded_frame(algo: str, width: int) -> str:
     panel, now = T.example_panel(algo)
     return capture(panel.render(width, now), width)
 
@@ -123,7 +237,7 @@ def test_every_line_fits_and_the_title_shows_gpus(width):
 @pytest.mark.parametrize("algo", S.ALGORITHMS)
 @pytest.mark.parametrize("width", [60, 80, 100, 140])
 def test_labels_are_never_truncated(algo, width):
-    panel, now = T.example_panel(algo)
+    panel, now = synthetic_panel(algo)
     values = panel.snapshot(now).values
     labels = [label for label, _ in T.metric_rows(values)]
     labels += [term for term, _ in T.reward_rows(values)]
@@ -136,7 +250,7 @@ def test_labels_are_never_truncated(algo, width):
 
 
 def test_precision_drops_before_labels_at_narrow_width():
-    panel, now = T.example_panel("appo")
+    panel, now = synthetic_panel("appo")
     wide, narrow = frame("appo", 140), frame("appo", 80)
     assert re.search(r"Mean Reward +214\.5", wide)
     assert re.search(r"Mean Reward +215 ", narrow)
@@ -149,7 +263,7 @@ def test_precision_drops_before_labels_at_narrow_width():
 @pytest.mark.parametrize("width", [80, 100, 140])
 def test_learner_shares_add_to_100_within_rounding(algo, width):
     text = frame(algo, width)
-    panel, now = T.example_panel(algo)
+    panel, now = synthetic_panel(algo)
     values = panel.snapshot(now).values
     main = [T.LEARNER_LABELS[t] for t in S.LEARNER_MAIN_PHASES[algo] if t in values]
     main.append(T.OTHER_LABEL)
@@ -256,7 +370,7 @@ def test_quiet_collector_diagnostics_show_only_above_one_percent():
     # APPO: nested env-step details against Env Step (1.92 ms): Apply Action is 0.6%
     text = frame("appo", 140)
     assert "Backend Step" in text and "Apply Action" not in text and "Action Validate" not in text
-    panel, now = T.example_panel("appo")
+    panel, now = synthetic_panel("appo")
     panel.add_sample(
         {S.PERF_COLLECTOR_ENV_STEP_MS: 1.0, S.PERF_COLLECTOR_APPLY_ACTION_MS: 0.1}, now
     )  # window mean: 0.041 of 1.63 ms, 2.5%
@@ -550,7 +664,7 @@ def test_summary_without_iterations():
 @pytest.mark.parametrize("algo,width", [("appo", 80), ("appo", 100), ("appo", 140), ("sac", 140)])
 def test_docs_show_the_current_capture_of_each_tier(algo, width):
     docs = (REPO / "docs" / "terminal.md").read_text(encoding="utf-8")
-    assert frame(algo, width).rstrip("\n") in docs, (
+    assert recorded_frame(algo, width).rstrip("\n") in docs, (
         f"docs/terminal.md is stale: paste `python -m raylab.terminal --width {width} "
         f"--algo {algo}`"
     )

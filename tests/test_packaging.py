@@ -69,6 +69,7 @@ def test_wheel_layout(wheel):
     xml = [n for n in names if n.startswith("raylab/envs/assets/") and n.endswith(".xml")]
     shipped = sorted(p.name for p in (REPO / "envs" / "assets").glob("*.xml"))
     assert sorted(n.rsplit("/", 1)[1] for n in xml) == shipped
+    assert "raylab/terminal/samples.json" in names  # the example frames' recorded samples
     # every package folder in the source tree is in the wheel
     for src, pkg in (
         ("raylab", "raylab"),

@@ -11,8 +11,9 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import ray
 import torch
-from ray.rllib.algorithms.sac.torch.sac_torch_learner import SACTorchLearner
+from ray.rllib.algorithms.sac.sac_learner import SACLearner
 from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
 from raylab.algorithms.sac.replay import DeviceReplay
 from raylab.algorithms.sac.update import SACParts, sac_update
@@ -32,8 +33,19 @@ def owed_updates(ingested: int, learning_starts: int, updates_per_step: float) -
     return int((ingested - learning_starts + 1) * updates_per_step)
 
 
-class RaylabSACLearner(SACTorchLearner):
-    """SAC learner with its own device replay ring and a background update loop."""
+class RaylabSACLearner(SACLearner, TorchLearner):
+    """SAC learner with its own device replay ring and a background update loop.
+
+    From RLlib it takes SACLearner's temperature and target-entropy state and TorchLearner's
+    devices and optimizer registry; the update itself is :func:`sac_update`, called by the
+    learner's own loop, so RLlib's loss and update path (``compute_loss_for_module``,
+    ``update``) is never used."""
+
+    def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
+        raise NotImplementedError(
+            "RaylabSACLearner trains with raylab.algorithms.sac.update.sac_update on its own "
+            "update thread; RLlib's Learner.update path is not used"
+        )
 
     def __repr__(self) -> str:
         return f"raylab-learner-{os.environ.get('RANK', '0')}"

@@ -228,6 +228,24 @@ register_task(
 )
 
 
+# PPO / APPO settings of both joystick tasks. Exploration: std 1 at the start (init_log_std -1
+# settles on standing still) and no entropy bonus (with actions clipped to [-1, 1] a bonus grows
+# the std without bound and the mean action stops being a controller); see docs/envs.md.
+JOYSTICK_ALGO_DEFAULTS = {
+    "ppo": {
+        "lr": 5e-4,
+        "gamma": 0.99,
+        "lambda_": 0.95,
+        "train_batch_size": 8192,
+        "minibatch_size": 1024,
+        "num_epochs": 5,
+        "entropy_coeff": 0.0,
+        "init_log_std": 0.0,
+        "hidden": [256, 128],
+    },
+    "appo": {"lr": 3e-4, "hidden": [256, 128]},
+}
+
 register_task(
     TaskSpec(
         name="go2_joystick_flat",
@@ -237,22 +255,8 @@ register_task(
         config_cls=Go2JoystickFlatConfig,
         description="Go2-like quadruped tracking (vx, vy, yaw rate) commands on flat ground",
         algo_defaults={
-            # Exploration: std 1 at the start (init_log_std -1 settles on standing still) and
-            # no entropy bonus (with actions clipped to [-1, 1] a bonus grows the std without
-            # bound and the mean action stops being a controller); see docs/envs.md.
-            "ppo": {
-                "lr": 5e-4,
-                "gamma": 0.99,
-                "lambda_": 0.95,
-                "train_batch_size": 8192,
-                "minibatch_size": 1024,
-                "num_epochs": 5,
-                "entropy_coeff": 0.0,
-                "init_log_std": 0.0,
-                "hidden": [256, 128],
-                "activation": "tanh",
-            },
-            "appo": {"lr": 3e-4, "hidden": [256, 128]},
+            "ppo": {**JOYSTICK_ALGO_DEFAULTS["ppo"], "activation": "tanh"},
+            "appo": JOYSTICK_ALGO_DEFAULTS["appo"],
             "sac": {"hidden": [256, 256]},
         },
         # The critic of PPO / APPO sees privileged state (trunk-frame velocity, height, foot
@@ -276,18 +280,7 @@ register_task(
         vector_entry_point="raylab.envs.tasks.microduck_joystick:MicroduckJoystickVecEnv",
         config_cls=MicroduckJoystickConfig,
         description="14-servo duck robot walking on (vx, vy, yaw rate) commands",
-        algo_defaults={
-            "ppo": {
-                "lr": 5e-4,
-                "train_batch_size": 8192,
-                "minibatch_size": 1024,
-                "num_epochs": 5,
-                "entropy_coeff": 0.0,
-                "init_log_std": 0.0,
-                "hidden": [256, 128],
-            },
-            "appo": {"lr": 3e-4, "hidden": [256, 128]},
-        },
+        algo_defaults=JOYSTICK_ALGO_DEFAULTS,
         env_defaults=ROBOT_ENV_DEFAULTS,
     )
 )

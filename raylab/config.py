@@ -23,7 +23,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from raylab.envs.tasks import TASKS, EnvConfig, TaskSpec, _f
+from raylab.envs.tasks import TASKS, EnvConfig, TaskSpec, option
 from raylab.errors import UserError, choices_hint
 
 SIMS = ("mujoco",)
@@ -34,62 +34,68 @@ SIMS = ("mujoco",)
 
 @dataclass
 class TrainingConfig:
-    logger: str = _f("tensorboard", "persistent metric backend", ("tensorboard", "wandb"))
-    log_root: Optional[str] = _f(
+    logger: str = option("tensorboard", "persistent metric backend", ("tensorboard", "wandb"))
+    log_root: Optional[str] = option(
         None, "folder that holds run directories; default logs/<algo_log_name>/<task>"
     )
-    log_dir: Optional[str] = _f(None, "exact run directory (overrides log_root); must not exist")
-    wandb_project: str = _f("raylab", "W&B project")
-    wandb_entity: Optional[str] = _f(None, "W&B entity (team or user)")
-    wandb_group: Optional[str] = _f(None, "W&B group")
-    wandb_name: Optional[str] = _f(None, "W&B run name; default the run directory name")
-    wandb_tags: List[str] = _f(help="W&B tags", factory=list)
-    wandb_notes: Optional[str] = _f(None, "W&B notes")
-    wandb_mode: str = _f("online", "W&B mode", ("online", "offline", "disabled"))
-    seed: int = _f(0, "seed for the algorithm, the EnvRunners and the envs")
-    total_steps: int = _f(5_000_000, "stop after this many env steps sampled")
-    time_budget_s: Optional[float] = _f(
+    log_dir: Optional[str] = option(
+        None, "exact run directory (overrides log_root); must not exist"
+    )
+    wandb_project: str = option("raylab", "W&B project")
+    wandb_entity: Optional[str] = option(None, "W&B entity (team or user)")
+    wandb_group: Optional[str] = option(None, "W&B group")
+    wandb_name: Optional[str] = option(None, "W&B run name; default the run directory name")
+    wandb_tags: List[str] = option(help="W&B tags", factory=list)
+    wandb_notes: Optional[str] = option(None, "W&B notes")
+    wandb_mode: str = option("online", "W&B mode", ("online", "offline", "disabled"))
+    seed: int = option(0, "seed for the algorithm, the EnvRunners and the envs")
+    total_steps: int = option(5_000_000, "stop after this many env steps sampled")
+    time_budget_s: Optional[float] = option(
         180.0, "stop after this many seconds of training (null: no time limit)"
     )
-    stop_reward: Optional[float] = _f(
+    stop_reward: Optional[float] = option(
         None, "also stop once Train/mean_reward reaches this value (null: never)"
     )
-    checkpoint_every: int = _f(20, "checkpoint every N training iterations (0: only at the end)")
-    reward_window: int = _f(
+    checkpoint_every: int = option(
+        20, "checkpoint every N training iterations (0: only at the end)"
+    )
+    reward_window: int = option(
         100, "Train/mean_reward and Train/mean_episode_length: mean over this many latest episodes"
     )
-    eval_every: int = _f(
+    eval_every: int = option(
         50,
         "evaluate every N training iterations (0: off): deterministic actions on fixed seeds, "
         "reported as Eval/*; the best score's checkpoint is kept as checkpoints/best",
     )
-    eval_before_train: bool = _f(
+    eval_before_train: bool = option(
         True, "also evaluate the initial policy once before the first update (Eval/* at step 0)"
     )
-    eval_episodes: int = _f(
+    eval_episodes: int = option(
         100, "episodes per evaluation (episode k seeded eval_seed + k): the baselines' protocol"
     )
-    eval_seed: int = _f(1000, "seed of the first evaluation episode (raylab eval's default too)")
-    iteration_s: float = _f(
+    eval_seed: int = option(
+        1000, "seed of the first evaluation episode (raylab eval's default too)"
+    )
+    iteration_s: float = option(
         1.0, "minimum wall time of one training iteration (RLlib min_time_s_per_iteration)"
     )
-    terminal: str = _f(
+    terminal: str = option(
         "auto",
         "live panel (TTY), plain progress lines, or nothing",
         ("auto", "live", "plain", "off"),
     )
-    fast_sampler: Optional[bool] = _f(
+    fast_sampler: Optional[bool] = option(
         None,
         "PPO / APPO sample raylab tasks with raylab's rollout loop (one forward pass and one env "
         "step per vector step, episodes built once per fragment); false: RLlib's own EnvRunner "
         "loop; null: on for raylab tasks, off for Gymnasium ids (which it does not support)",
     )
-    trace_enabled: bool = _f(
+    trace_enabled: bool = option(
         False, "write a Perfetto / Chrome trace of learner and collector phases"
     )
-    trace_output_dir: Optional[str] = _f(None, "trace folder; default <run_dir>/traces")
-    trace_thread_time: bool = _f(False, "add thread CPU time to trace events")
-    trace_cuda_events: bool = _f(False, "time GPU work with CUDA events in traces (GPU only)")
+    trace_output_dir: Optional[str] = option(None, "trace folder; default <run_dir>/traces")
+    trace_thread_time: bool = option(False, "add thread CPU time to trace events")
+    trace_cuda_events: bool = option(False, "time GPU work with CUDA events in traces (GPU only)")
 
 
 # ------------------------------------------------------------------------------------ algos
@@ -97,19 +103,19 @@ class TrainingConfig:
 
 @dataclass
 class AlgoConfig:
-    name: str = _f(MISSING, "algorithm name (set by --algo)")
-    algo_log_name: str = _f(MISSING, "folder name under logs/ for this algorithm")
-    lr: float = _f(3e-4, "learning rate")
-    gamma: float = _f(0.99, "discount factor")
-    hidden: List[int] = _f(
+    name: str = option(MISSING, "algorithm name (set by --algo)")
+    algo_log_name: str = option(MISSING, "folder name under logs/ for this algorithm")
+    lr: float = option(3e-4, "learning rate")
+    gamma: float = option(0.99, "discount factor")
+    hidden: List[int] = option(
         help="hidden layer sizes of policy and value nets", factory=lambda: [256, 256]
     )
-    activation: str = _f("tanh", "hidden activation", ("tanh", "relu", "silu"))
-    grad_clip: Optional[float] = _f(1.0, "global gradient-norm clip (null: off)")
-    init_log_std: float = _f(
+    activation: str = option("tanh", "hidden activation", ("tanh", "relu", "silu"))
+    grad_clip: Optional[float] = option(1.0, "global gradient-norm clip (null: off)")
+    init_log_std: float = option(
         -1.0, "initial log std of the Gaussian policy (PPO / APPO, continuous actions)"
     )
-    init_policy_scale: float = _f(
+    init_policy_scale: float = option(
         0.01, "scale of the initial policy output weights (near-zero initial mean action)"
     )
 
@@ -118,16 +124,16 @@ class AlgoConfig:
 class PPOConfig(AlgoConfig):
     name: str = "ppo"
     algo_log_name: str = "ppo"
-    train_batch_size: int = _f(8192, "env steps per learner update (per learner)")
-    minibatch_size: int = _f(1024, "SGD minibatch size")
-    num_epochs: int = _f(5, "SGD passes over each train batch")
-    lambda_: float = _f(0.95, "GAE lambda")
-    clip_param: float = _f(0.2, "PPO policy clip")
-    vf_clip_param: float = _f(10.0, "value-function clip")
-    vf_loss_coeff: float = _f(0.5, "value loss weight")
-    entropy_coeff: float = _f(0.0, "entropy bonus weight")
-    kl_coeff: float = _f(0.0, "initial KL penalty weight (0: off)")
-    kl_target: float = _f(0.01, "KL target for the adaptive penalty")
+    train_batch_size: int = option(8192, "env steps per learner update (per learner)")
+    minibatch_size: int = option(1024, "SGD minibatch size")
+    num_epochs: int = option(5, "SGD passes over each train batch")
+    lambda_: float = option(0.95, "GAE lambda")
+    clip_param: float = option(0.2, "PPO policy clip")
+    vf_clip_param: float = option(10.0, "value-function clip")
+    vf_loss_coeff: float = option(0.5, "value loss weight")
+    entropy_coeff: float = option(0.0, "entropy bonus weight")
+    kl_coeff: float = option(0.0, "initial KL penalty weight (0: off)")
+    kl_target: float = option(0.01, "KL target for the adaptive penalty")
 
 
 @dataclass
@@ -135,41 +141,41 @@ class APPOConfig(AlgoConfig):
     name: str = "appo"
     algo_log_name: str = "appo"
     lr: float = 5e-4
-    train_batch_size: int = _f(2048, "env steps per learner update (per learner)")
-    rollout_fragment_length: int = _f(32, "env steps per env per EnvRunner rollout")
-    vtrace: bool = _f(True, "V-trace off-policy correction")
-    clip_param: float = _f(0.4, "surrogate clip")
-    vf_loss_coeff: float = _f(0.5, "value loss weight")
-    entropy_coeff: float = _f(0.0, "entropy bonus weight")
-    use_kl_loss: bool = _f(False, "add a KL loss to the old policy")
-    kl_coeff: float = _f(1.0, "KL loss weight (use_kl_loss)")
-    circular_buffer_num_batches: int = _f(4, "batches kept in the learner's circular buffer")
-    circular_buffer_iterations_per_batch: int = _f(2, "times each batch is trained on")
-    target_network_update_freq: int = _f(2, "target-network update period (in train batches)")
-    broadcast_interval: int = _f(1, "weight broadcast to EnvRunners every N updates")
+    train_batch_size: int = option(2048, "env steps per learner update (per learner)")
+    rollout_fragment_length: int = option(32, "env steps per env per EnvRunner rollout")
+    vtrace: bool = option(True, "V-trace off-policy correction")
+    clip_param: float = option(0.4, "surrogate clip")
+    vf_loss_coeff: float = option(0.5, "value loss weight")
+    entropy_coeff: float = option(0.0, "entropy bonus weight")
+    use_kl_loss: bool = option(False, "add a KL loss to the old policy")
+    kl_coeff: float = option(1.0, "KL loss weight (use_kl_loss)")
+    circular_buffer_num_batches: int = option(4, "batches kept in the learner's circular buffer")
+    circular_buffer_iterations_per_batch: int = option(2, "times each batch is trained on")
+    target_network_update_freq: int = option(2, "target-network update period (in train batches)")
+    broadcast_interval: int = option(1, "weight broadcast to EnvRunners every N updates")
 
 
 @dataclass
 class SACConfig(AlgoConfig):
     name: str = "sac"
     algo_log_name: str = "sac"
-    activation: str = _f("relu", "hidden activation", ("tanh", "relu", "silu"))
-    actor_lr: float = _f(3e-4, "policy learning rate")
-    critic_lr: float = _f(3e-4, "Q-function learning rate")
-    alpha_lr: float = _f(3e-4, "temperature learning rate")
-    tau: float = _f(0.005, "polyak coefficient of the target Q nets")
-    initial_alpha: float = _f(1.0, "initial entropy temperature")
-    target_entropy: Optional[float] = _f(None, "target entropy (null: -action_dim)")
-    batch_size: int = _f(256, "replay batch size per update")
-    buffer_capacity: int = _f(1_000_000, "replay ring capacity (transitions)")
-    learning_starts: int = _f(1000, "env steps collected before the first update")
-    updates_per_step: float = _f(1.0, "gradient updates per env step (replay ratio)")
-    weight_sync_every: int = _f(1, "publish weights to EnvRunners every N updates")
-    env_steps_per_sync: int = _f(
+    activation: str = option("relu", "hidden activation", ("tanh", "relu", "silu"))
+    actor_lr: float = option(3e-4, "policy learning rate")
+    critic_lr: float = option(3e-4, "Q-function learning rate")
+    alpha_lr: float = option(3e-4, "temperature learning rate")
+    tau: float = option(0.005, "polyak coefficient of the target Q nets")
+    initial_alpha: float = option(1.0, "initial entropy temperature")
+    target_entropy: Optional[float] = option(None, "target entropy (null: -action_dim)")
+    batch_size: int = option(256, "replay batch size per update")
+    buffer_capacity: int = option(1_000_000, "replay ring capacity (transitions)")
+    learning_starts: int = option(1000, "env steps collected before the first update")
+    updates_per_step: float = option(1.0, "gradient updates per env step (replay ratio)")
+    weight_sync_every: int = option(1, "publish weights to EnvRunners every N updates")
+    env_steps_per_sync: int = option(
         4, "vector env steps per EnvRunner request (transitions travel in these batches)"
     )
-    torch_compile: bool = _f(False, "torch.compile the fused update (GPU learners only)")
-    bf16_autocast: bool = _f(False, "bf16 autocast in the update (GPU learners only)")
+    torch_compile: bool = option(False, "torch.compile the fused update (GPU learners only)")
+    bf16_autocast: bool = option(False, "bf16 autocast in the update (GPU learners only)")
 
 
 ALGOS: Dict[str, type] = {"ppo": PPOConfig, "appo": APPOConfig, "sac": SACConfig}
@@ -180,24 +186,24 @@ ALGOS: Dict[str, type] = {"ppo": PPOConfig, "appo": APPOConfig, "sac": SACConfig
 
 @dataclass
 class ResourcesConfig:
-    num_env_runners: int = _f(1, "EnvRunner actors (each steps one batched env)")
-    num_cpus_per_env_runner: float = _f(1.0, "CPUs reserved per EnvRunner")
-    num_learners: int = _f(1, "Learner actors (0: learn inside the algorithm actor)")
-    num_gpus_per_learner: Optional[float] = _f(
+    num_env_runners: int = option(1, "EnvRunner actors (each steps one batched env)")
+    num_cpus_per_env_runner: float = option(1.0, "CPUs reserved per EnvRunner")
+    num_learners: int = option(1, "Learner actors (0: learn inside the algorithm actor)")
+    num_gpus_per_learner: Optional[float] = option(
         None, "GPUs per Learner (null: 1 if this machine or cluster has a GPU, else 0)"
     )
-    num_cpus_per_learner: float = _f(1.0, "CPUs reserved per Learner")
-    custom_resources_per_env_runner: Dict[str, float] = _f(
+    num_cpus_per_learner: float = option(1.0, "CPUs reserved per Learner")
+    custom_resources_per_env_runner: Dict[str, float] = option(
         help="Ray custom resources each EnvRunner needs (places them on matching nodes)",
         factory=dict,
     )
-    custom_resources_per_learner: Dict[str, float] = _f(
+    custom_resources_per_learner: Dict[str, float] = option(
         help="Ray custom resources each Learner needs (e.g. {raylab_learner: 1})", factory=dict
     )
-    ray_address: Optional[str] = _f(
+    ray_address: Optional[str] = option(
         None, "Ray cluster to join (null: RAY_ADDRESS if set, else start Ray in-process)"
     )
-    dashboard: bool = _f(True, "start the Ray dashboard with an in-process Ray")
+    dashboard: bool = option(True, "start the Ray dashboard with an in-process Ray")
 
 
 # ------------------------------------------------------------------------------------- root
@@ -205,8 +211,8 @@ class ResourcesConfig:
 
 @dataclass
 class RaylabConfig:
-    task: str = _f(MISSING, "task name or Gymnasium id (set by --task)")
-    sim: str = _f("mujoco", "physics backend (set by --sim)", SIMS)
+    task: str = option(MISSING, "task name or Gymnasium id (set by --task)")
+    sim: str = option("mujoco", "physics backend (set by --sim)", SIMS)
     algo: AlgoConfig = MISSING
     env: EnvConfig = MISSING
     training: TrainingConfig = field(default_factory=TrainingConfig)
@@ -222,7 +228,7 @@ def task_spec(task: str) -> TaskSpec:
     import raylab.envs  # noqa: F401  (registers raylab/ ids)
 
     if task in gym.registry:
-        return TaskSpec(name=task, gym_id=task, config_cls=EnvConfig)
+        return TaskSpec(name=task, gym_id=task)
     raise UserError(
         choices_hint(task, list(TASKS), "task")
         + " (or any Gymnasium id such as Pendulum-v1, HalfCheetah-v5)"
@@ -241,7 +247,7 @@ def compose(
     if sim not in SIMS:
         raise UserError(choices_hint(sim, SIMS, "sim"))
     spec = task_spec(task)
-    env_cfg = spec.config_cls(gym_id=spec.gym_id)
+    env_cfg = spec.config_class()(gym_id=spec.gym_id)
     cfg = OmegaConf.structured(RaylabConfig(task=task, sim=sim, algo=ALGOS[algo](), env=env_cfg))
     layers = [spec.algo_defaults.get(algo, {}), spec.env_defaults.get(algo, {})]
     for layer_name, layer in zip(("algo", "env"), layers):

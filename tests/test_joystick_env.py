@@ -16,8 +16,8 @@ import raylab.envs  # noqa: F401  (registers the ids)
 from raylab.algorithms.evaluation import eval_vec_env, hold_pose_policy, run_policy_episodes
 from raylab.config import compose
 from raylab.envs.core.managers import reward_tag, termination_tag
-from raylab.envs.tasks import TASKS, Go2JoystickFlatConfig, MicroduckJoystickConfig
-from raylab.envs.tasks.go2 import Go2JoystickFlatEnv, Go2JoystickFlatVecEnv
+from raylab.envs.tasks import TASKS
+from raylab.envs.tasks.go2 import Go2JoystickFlatConfig, Go2JoystickFlatEnv, Go2JoystickFlatVecEnv
 from raylab.envs.tasks.legged_joystick import (
     CONTROL_DT,
     REWARD_PREFIX,
@@ -25,7 +25,11 @@ from raylab.envs.tasks.legged_joystick import (
     reward_weight_fields,
 )
 from raylab.envs.tasks.microduck_balance_vec import MicroduckBalanceVecEnv
-from raylab.envs.tasks.microduck_joystick import MicroduckJoystickEnv, MicroduckJoystickVecEnv
+from raylab.envs.tasks.microduck_joystick import (
+    MicroduckJoystickConfig,
+    MicroduckJoystickEnv,
+    MicroduckJoystickVecEnv,
+)
 
 GO2 = "raylab/Go2JoystickFlat-v0"
 DUCK = "raylab/MicroduckJoystick-v0"

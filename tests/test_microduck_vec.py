@@ -14,9 +14,9 @@ from gymnasium.wrappers.vector import DictInfoToList
 import raylab.envs  # noqa: F401  (registers the ids)
 from raylab.envs.core.backend import model_bytes, owned_envs, thread_limit
 from raylab.envs.core.managers import reward_tag, termination_tag
-from raylab.envs.tasks import MicroduckBalanceConfig
 from raylab.envs.tasks.microduck_balance import (
     REWARD_WEIGHTS,
+    MicroduckBalanceConfig,
     MicroduckBalanceEnv,
     apply_physics_params,
     balance_options,

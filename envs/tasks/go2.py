@@ -4,7 +4,7 @@ The model is raylab's own MJCF (``assets/go2.xml``); the task is the table :data
 :class:`~raylab.envs.tasks.legged_joystick.JoystickVecEnv` (batched, ``gymnasium.make_vec(...,
 vectorization_mode="vector_entry_point")``) and
 :class:`~raylab.envs.tasks.legged_joystick.JoystickEnv` (one robot, ``gymnasium.make``). Options:
-``raylab.envs.tasks.Go2JoystickFlatConfig``.
+``Go2JoystickFlatConfig`` (below).
 
 Observation (49, float32), in this order: gyro x 0.25 (3), projected gravity (3), joint
 position - default (12), joint velocity x 0.05 (12), last action (12), command (vx, vy, yaw
@@ -18,13 +18,14 @@ track-error RUN_DIR``.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import mujoco
 
 from raylab.envs import asset_path
 from raylab.envs.core.managers import ObsTerm
-from raylab.envs.tasks import Go2JoystickFlatConfig
 from raylab.envs.tasks.legged_joystick import (
+    JoystickConfig,
     JoystickEnv,
     JoystickTask,
     JoystickVecEnv,
@@ -60,6 +61,12 @@ OBSERVATIONS = (
     ObsTerm("command", obs_command, 3),
     ObsTerm("foot_phase", obs_foot_phase, len(LEGS)),
 )
+
+
+@dataclass
+class Go2JoystickFlatConfig(JoystickConfig):
+    """Go2-like quadruped on flat ground: the JoystickConfig defaults."""
+
 
 TASK = JoystickTask(
     name="go2_joystick_flat",

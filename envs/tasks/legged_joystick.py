@@ -59,7 +59,7 @@ from raylab.envs.core.managers import (
 )
 from raylab.envs.core.options import parse_options
 from raylab.envs.core.vec_env import BatchedVecEnv, gravity_from_quat
-from raylab.envs.tasks import VECTOR_ONLY_OPTIONS
+from raylab.envs.tasks import VECTOR_ONLY_OPTIONS, EnvConfig, option, option_range
 from raylab.envs.tasks.microduck_balance_vec import (  # noqa: F401  (obs terms re-exported for the tasks)
     obs_action,
     obs_joint_vel,
@@ -468,6 +468,82 @@ class JoystickTask:
     contact_force: float  # touch force (N) above which a foot is in contact
     fall_up_z: float  # fallen when the trunk's up axis z <= this
     domain: DomainRanges = DomainRanges()
+
+
+@dataclass
+class JoystickConfig(EnvConfig):
+    """Options shared by the joystick tasks; the defaults are the Go2's (see
+    envs/tasks/legged_joystick.py).
+
+    Reward weights are the ``rew_<term>`` fields: one per term of
+    ``raylab.envs.tasks.legged_joystick.REWARD_TERMS``; weight 0 leaves the term out (it is
+    neither computed nor logged). Penalties take negative weights. The learner's reward is
+    0.02 s x the weighted sum.
+    """
+
+    episode_steps: int = option(1000, "control steps per episode (50 Hz); reaching it truncates")
+    action_scale: float = option(0.25, "servo target = default pose + action_scale * action (rad)")
+    lin_vel_x: List[float] = option_range(-1.0, 1.0, "forward velocity command range (m/s)")
+    lin_vel_y: List[float] = option_range(-0.5, 0.5, "sideways velocity command range (m/s)")
+    ang_vel_yaw: List[float] = option_range(-1.0, 1.0, "yaw rate command range (rad/s)")
+    command_resample_s: List[float] = option_range(
+        4.0, 8.0, "a new command after a time drawn uniformly from this range (s)"
+    )
+    command_zero_prob: float = option(0.1, "share of commands that are zero (stand still)")
+    gait_freq_hz: float = option(
+        2.0, "gait clock frequency (Hz); 0 turns the clock and its foot-phase observation off"
+    )
+    swing_height: float = option(
+        0.08, "apex height of a swing (m): feet_swing_height, foot_clearance"
+    )
+    tracking_sigma_lin: float = option(0.25, "tracking_lin_vel = exp(-|v_xy error|^2 / this)")
+    tracking_sigma_ang: float = option(0.25, "tracking_ang_vel = exp(-yaw rate error^2 / this)")
+    base_height_target: float = option(0.30, "trunk height (m) the base_height penalty aims at")
+    air_time_min_s: float = option(0.1, "feet_air_time pays air time above this (s)")
+    air_time_max_s: float = option(0.5, "... up to this (s)")
+    init_noise: float = option(0.05, "uniform initial joint noise (rad), clamped to joint limits")
+    push_vel: float = option(
+        0.0, "push: uniform +/- this (m/s) added to the trunk's vx, vy (0: off)"
+    )
+    push_interval_s: List[float] = option_range(
+        5.0, 10.0, "time between pushes, drawn per push (s)"
+    )
+    domain_randomization: bool = option(
+        False, "randomise floor friction, masses, kp and kd per episode"
+    )
+    positive_reward: bool = option(
+        True, "clip each step's reward (0.02 x weighted sum) at 0, so falling never pays"
+    )
+    privileged_obs: bool = option(
+        False,
+        "append privileged state (trunk-frame velocity, trunk height, foot contacts and heights) "
+        "after the observation: PPO's critic sees it, its policy does not (asymmetric critic)",
+    )
+    rew_tracking_lin_vel: float = option(1.0, "reward weight: linear velocity tracking (x, y)")
+    rew_tracking_ang_vel: float = option(0.5, "reward weight: yaw rate tracking")
+    rew_upright: float = option(0.0, "reward weight: max(0, z of the trunk's up axis)")
+    rew_lin_vel_z: float = option(-2.0, "reward weight: vertical velocity squared")
+    rew_ang_vel_xy: float = option(-0.05, "reward weight: roll and pitch rate squared")
+    rew_orientation: float = option(-5.0, "reward weight: tilt (gravity x, y in the trunk frame)^2")
+    rew_base_height: float = option(-10.0, "reward weight: (trunk height - base_height_target)^2")
+    rew_action_rate: float = option(-0.01, "reward weight: sum of squared action changes")
+    rew_similar_to_default: float = option(-0.05, "reward weight: sum |q - default pose|")
+    rew_pose: float = option(0.0, "reward weight: exp(-sum (q - default pose)^2)")
+    rew_feet_air_time: float = option(0.0, "reward weight: air time of each finished swing")
+    rew_feet_swing_height: float = option(
+        1.0, "reward weight: feet follow the gait clock's heights"
+    )
+    rew_foot_clearance: float = option(0.0, "reward weight: feet moving below the swing height")
+    rew_foot_slip: float = option(-0.1, "reward weight: squared speed of the feet in contact")
+    rew_termination: float = option(0.0, "reward weight: 1 on the step the robot falls")
+    autoreset_mode: str = option("next_step", "vector autoreset", ("next_step", "same_step"))
+    info_mode: str = option(
+        "none",
+        "vector env infos: none = {} (RLlib-safe; reward/termination stats via pop_log), "
+        "full = per-env arrays plus infos['log']",
+        ("none", "full"),
+    )
+    allow_overcommit: bool = option(False, "allow num_threads above 8 or above the machine's cores")
 
 
 def check_joystick_options(o) -> None:

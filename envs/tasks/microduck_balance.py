@@ -43,7 +43,7 @@ import numpy as np
 from raylab.envs import asset_path
 from raylab.envs.core.options import parse_options
 from raylab.envs.core.vec_env import check_choice, nominal_physics
-from raylab.envs.tasks import MicroduckBalanceConfig
+from raylab.envs.tasks import EnvConfig, option
 
 # ---------------------------------------------------------------------------------------------
 # Constants of the task
@@ -148,8 +148,42 @@ def is_fallen(trunk_height, upright_cos):
 
 
 # ---------------------------------------------------------------------------------------------
-# Options (the fields of raylab.envs.tasks.MicroduckBalanceConfig)
+# Options: MicroduckBalanceConfig
 # ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MicroduckBalanceConfig(EnvConfig):
+    """The options of microduck_balance (both envs; ``env.*`` in a raylab config)."""
+
+    reward_version: str = option("v2", "reward definition", ("v1", "v2"))
+    variant: str = option(
+        "default", "physics variant of the robot", ("default", "backlash", "toes")
+    )
+    episode_steps: int = option(250, "control steps per episode (50 Hz); every end is a truncation")
+    action_scale: float = option(0.35, "target = stand pose + action_scale * action")
+    num_pushes: int = option(3, "pushes per episode")
+    push_vel_min: float = option(
+        0.15, "smallest push (m/s added to the trunk's horizontal velocity)"
+    )
+    push_vel_max: float = option(0.45, "largest push (m/s)")
+    init_noise: float = option(0.02, "uniform initial joint noise (rad), clamped to joint limits")
+    latency_steps: int = option(0, "action latency in control steps (0-2)")
+    sensor_noise: bool = option(False, "Gaussian noise on gyro and orientation")
+    domain_randomization: bool = option(False, "randomise servos, masses, friction, latency, noise")
+    privileged_obs: bool = option(
+        False,
+        "append privileged state (trunk-frame velocity, trunk height) after the 48 observation "
+        "entries: the PPO / APPO critic sees it, the policy does not (asymmetric critic)",
+    )
+    autoreset_mode: str = option("next_step", "vector autoreset", ("next_step", "same_step"))
+    info_mode: str = option(
+        "none",
+        "vector env infos: none = {} (RLlib-safe; reward/termination stats via pop_log), "
+        "full = per-env arrays plus infos['log']",
+        ("none", "full"),
+    )
+    allow_overcommit: bool = option(False, "allow num_threads above 8 or above the machine's cores")
 
 
 def check_balance_options(o) -> None:
@@ -538,7 +572,7 @@ def projected_gravity(quat: np.ndarray) -> Tuple[float, float, float]:
 class MicroduckBalanceEnv(gym.Env):
     """One Microduck that must keep standing under pushes (the reference implementation).
 
-    Options are the fields of ``raylab.envs.tasks.MicroduckBalanceConfig``; the vector-only
+    Options are the fields of :class:`MicroduckBalanceConfig`; the vector-only
     ones (num_threads, autoreset_mode, allow_overcommit, info_mode) are accepted and ignored.
     Seeding: ``reset(seed=s)`` seeds ``self.np_random`` with ``s`` (Gymnasium's rule), so env i of
     the batched env reset with seed ``s`` equals this env reset with seed ``s + i``.

@@ -10,7 +10,7 @@ its sensordata layout are untouched: the new sensors come after the existing one
 
 The task is the table :data:`TASK` run by
 :class:`~raylab.envs.tasks.legged_joystick.JoystickVecEnv`; options:
-``raylab.envs.tasks.MicroduckJoystickConfig``. Observation (51 float32, 53 with the gait clock): the
+``MicroduckJoystickConfig`` (below). Observation (51 float32, 53 with the gait clock): the
 48 balance channels in the balance order and scales (joint position - stand (14), joint velocity x
 0.05 (14), last action (14), gyro x 0.25 (3), projected gravity (3)), then the command (vx, vy, yaw
 rate) (3), then (only when ``gait_freq_hz > 0``) sin(2 pi phase) of each foot (2).
@@ -19,14 +19,17 @@ rate) (3), then (only when ``gait_freq_hz > 0``) sin(2 pi phase) of each foot (2
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from typing import List
 
 import mujoco
 
 from raylab.envs import asset_path
 from raylab.envs.core.managers import ObsTerm
-from raylab.envs.tasks import MicroduckJoystickConfig
+from raylab.envs.tasks import option, option_range
 from raylab.envs.tasks.legged_joystick import (
     DomainRanges,
+    JoystickConfig,
     JoystickEnv,
     JoystickTask,
     JoystickVecEnv,
@@ -90,6 +93,49 @@ OBSERVATIONS = (
     ObsTerm("command", obs_command, 3),
     ObsTerm("foot_phase", obs_foot_phase, len(FEET)),
 )
+
+
+@dataclass
+class MicroduckJoystickConfig(JoystickConfig):
+    """Microduck walking on commands (weights and ranges from the upstream walking variant)."""
+
+    action_scale: float = option(0.35, "servo target = stand pose + action_scale * action (rad)")
+    lin_vel_x: List[float] = option_range(-0.4, 0.4, "forward velocity command range (m/s)")
+    lin_vel_y: List[float] = option_range(-0.3, 0.3, "sideways velocity command range (m/s)")
+    ang_vel_yaw: List[float] = option_range(-1.0, 1.0, "yaw rate command range (rad/s)")
+    gait_freq_hz: float = option(
+        0.0, "gait clock frequency (Hz); 0 turns the clock and its foot-phase observation off"
+    )
+    swing_height: float = option(
+        0.03, "apex height of a swing (m): feet_swing_height, foot_clearance"
+    )
+    tracking_sigma_lin: float = option(0.1, "tracking_lin_vel = exp(-|v_xy error|^2 / this)")
+    tracking_sigma_ang: float = option(0.5, "tracking_ang_vel = exp(-yaw rate error^2 / this)")
+    base_height_target: float = option(0.12, "trunk height (m) the base_height penalty aims at")
+    air_time_min_s: float = option(0.125, "feet_air_time pays air time above this (s)")
+    air_time_max_s: float = option(0.3, "... up to this (s)")
+    init_noise: float = option(0.02, "uniform initial joint noise (rad), clamped to joint limits")
+    push_vel: float = option(
+        0.3, "push: uniform +/- this (m/s) added to the trunk's vx, vy (0: off)"
+    )
+    push_interval_s: List[float] = option_range(3.0, 6.0, "time between pushes, drawn per push (s)")
+    rew_tracking_lin_vel: float = option(2.0, "reward weight: linear velocity tracking (x, y)")
+    rew_tracking_ang_vel: float = option(2.0, "reward weight: yaw rate tracking")
+    rew_upright: float = option(2.0, "reward weight: max(0, z of the trunk's up axis)")
+    rew_lin_vel_z: float = option(0.0, "reward weight: vertical velocity squared")
+    rew_ang_vel_xy: float = option(0.0, "reward weight: roll and pitch rate squared")
+    rew_orientation: float = option(0.0, "reward weight: tilt (gravity x, y in the trunk frame)^2")
+    rew_base_height: float = option(0.0, "reward weight: (trunk height - base_height_target)^2")
+    rew_action_rate: float = option(-0.1, "reward weight: sum of squared action changes")
+    rew_similar_to_default: float = option(0.0, "reward weight: sum |q - default pose|")
+    rew_pose: float = option(1.0, "reward weight: exp(-sum (q - default pose)^2)")
+    rew_feet_air_time: float = option(3.0, "reward weight: air time of each finished swing")
+    rew_feet_swing_height: float = option(
+        0.0, "reward weight: feet follow the gait clock's heights"
+    )
+    rew_foot_clearance: float = option(-2.0, "reward weight: feet moving below the swing height")
+    rew_foot_slip: float = option(-0.1, "reward weight: squared speed of the feet in contact")
+
 
 TASK = JoystickTask(
     name="microduck_joystick",

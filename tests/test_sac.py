@@ -242,3 +242,47 @@ def test_sac_solves_pendulum_within_20k_env_steps(tmp_path):
     reached = [s for s, v in curve if v >= -250]
     assert reached and reached[0] <= 20000, curve[-5:]
     print("SAC Pendulum curve (env steps, mean reward):", curve[:: max(1, len(curve) // 12)])
+
+
+def test_the_update_step_is_its_losses_then_one_optimizer_step():
+    """sac_update = sac_losses (the same statistics under the same noise) + one step that
+    moves every trained parameter."""
+    import copy
+
+    import torch
+
+    from raylab.algorithms.sac import update as U
+
+    torch.manual_seed(0)
+    pi, qf, qf2 = U.mlp(3, [16], 2), U.mlp(4, [16], 1), U.mlp(4, [16], 1)
+    log_alpha = torch.zeros(1, requires_grad=True)
+    parts = U.SACParts(
+        pi,
+        qf,
+        qf2,
+        copy.deepcopy(qf),
+        copy.deepcopy(qf2),
+        log_alpha,
+        [
+            torch.optim.Adam(list(qf.parameters()) + list(qf2.parameters())),
+            torch.optim.Adam(pi.parameters()),
+            torch.optim.Adam([log_alpha]),
+        ],
+    )
+    g = torch.Generator().manual_seed(1)
+    b = {
+        "obs": torch.randn(8, 3, generator=g),
+        "actions": torch.rand(8, 1, generator=g),
+        "rewards": torch.randn(8, generator=g),
+        "next_obs": torch.randn(8, 3, generator=g),
+        "terminateds": torch.zeros(8),
+    }
+    torch.manual_seed(2)
+    _, expected = U.sac_losses(parts, b, gamma=0.99, target_entropy=-1.0)
+    before = [p.detach().clone() for p in (*pi.parameters(), *qf.parameters(), log_alpha)]
+    torch.manual_seed(2)
+    got = U.sac_update(parts, b, gamma=0.99, tau=0.005, target_entropy=-1.0)
+    for k, v in expected.items():
+        assert torch.equal(v, got[k]), k
+    after = (*pi.parameters(), *qf.parameters(), log_alpha)
+    assert all(not torch.equal(x, y) for x, y in zip(before, after))

@@ -77,6 +77,49 @@ class SACParts:
         ]
 
 
+def sac_losses(
+    parts: SACParts, b: Dict[str, torch.Tensor], *, gamma: float, target_entropy: float
+) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    """The SAC losses of batch ``b`` (keys obs, actions, rewards, next_obs, terminateds): their
+    sum, whose one backward pass trains the critics, the actor and the temperature, and
+    detached statistics."""
+    p = parts
+    alpha = p.log_alpha.exp().detach()
+    with torch.no_grad():
+        next_action, next_logp = squashed_gaussian_sample(policy_inputs(p.pi, b["next_obs"]))
+        tq1, tq2 = q_pair(p.target_qf, p.target_qf_twin, b["next_obs"], next_action)
+        next_v = torch.min(tq1, tq2) - alpha * next_logp
+        target = b["rewards"] + gamma * (1.0 - b["terminateds"]) * next_v
+    q1, q2 = q_pair(p.qf, p.qf_twin, b["obs"], b["actions"])
+    # Huber (delta 1) rather than MSE, as RLlib's SAC learner does: raylab's SAC is built to
+    # learn like stock RLlib SAC with the same hyperparameters, and does (Pendulum-v1,
+    # return -250 after 4,020 env steps against RLlib's 4,200:
+    # benchmarks/results/sac_pendulum_sample_efficiency.json). MSE is not measured here.
+    huber = nn.functional.huber_loss
+    critic_loss = huber(q1.float(), target.float(), delta=1.0) + huber(
+        q2.float(), target.float(), delta=1.0
+    )
+    action, logp = squashed_gaussian_sample(policy_inputs(p.pi, b["obs"]))
+    for param in p.critic_params:  # the actor's gradient must not reach the critics
+        param.requires_grad_(False)
+    pq1, pq2 = q_pair(p.qf, p.qf_twin, b["obs"], action)
+    for param in p.critic_params:
+        param.requires_grad_(True)
+    q_pi = torch.min(pq1, pq2).float()
+    logp = logp.float()
+    actor_loss = (alpha * logp - q_pi).mean()
+    alpha_loss = -(p.log_alpha * (logp.detach() + target_entropy)).mean()
+    stats = {
+        "critic": critic_loss.detach(),
+        "actor": actor_loss.detach(),
+        "alpha": alpha_loss.detach(),
+        "q_mean": q_pi.detach().mean(),
+        "alpha_value": alpha[0],
+        "logp": logp.detach().mean(),
+    }
+    return critic_loss + actor_loss + alpha_loss, stats
+
+
 def sac_update(
     parts: SACParts,
     b: Dict[str, torch.Tensor],
@@ -88,7 +131,9 @@ def sac_update(
     bf16: bool = False,
     all_reduce: Optional[Callable[[], None]] = None,
 ) -> Dict[str, torch.Tensor]:
-    """One fused SAC step on batch ``b``; returns detached statistics (still on the device)."""
+    """One fused SAC step on batch ``b``: :func:`sac_losses`, one backward pass, the optional
+    gradient all-reduce and clip, the optimizer steps, the polyak target update. Returns the
+    losses' detached statistics (still on the device)."""
     p = parts
     autocast = (
         torch.autocast("cuda", dtype=torch.bfloat16)
@@ -96,32 +141,7 @@ def sac_update(
         else contextlib.nullcontext()
     )
     with autocast:
-        alpha = p.log_alpha.exp().detach()
-        with torch.no_grad():
-            next_action, next_logp = squashed_gaussian_sample(policy_inputs(p.pi, b["next_obs"]))
-            tq1, tq2 = q_pair(p.target_qf, p.target_qf_twin, b["next_obs"], next_action)
-            next_v = torch.min(tq1, tq2) - alpha * next_logp
-            target = b["rewards"] + gamma * (1.0 - b["terminateds"]) * next_v
-        q1, q2 = q_pair(p.qf, p.qf_twin, b["obs"], b["actions"])
-        # Huber (delta 1) rather than MSE, as RLlib's SAC learner does: raylab's SAC is built to
-        # learn like stock RLlib SAC with the same hyperparameters, and does (Pendulum-v1,
-        # return -250 after 4,020 env steps against RLlib's 4,200:
-        # benchmarks/results/sac_pendulum_sample_efficiency.json). MSE is not measured here.
-        huber = nn.functional.huber_loss
-        critic_loss = huber(q1.float(), target.float(), delta=1.0) + huber(
-            q2.float(), target.float(), delta=1.0
-        )
-        action, logp = squashed_gaussian_sample(policy_inputs(p.pi, b["obs"]))
-        for param in p.critic_params:  # the actor's gradient must not reach the critics
-            param.requires_grad_(False)
-        pq1, pq2 = q_pair(p.qf, p.qf_twin, b["obs"], action)
-        for param in p.critic_params:
-            param.requires_grad_(True)
-        q_pi = torch.min(pq1, pq2).float()
-        logp = logp.float()
-        actor_loss = (alpha * logp - q_pi).mean()
-        alpha_loss = -(p.log_alpha * (logp.detach() + target_entropy)).mean()
-        total = critic_loss + actor_loss + alpha_loss
+        total, stats = sac_losses(p, b, gamma=gamma, target_entropy=target_entropy)
     for opt in p.optimizers:
         opt.zero_grad(set_to_none=True)
     total.backward()
@@ -136,11 +156,4 @@ def sac_update(
     with torch.no_grad():
         for main, target_params in p.target_pairs:
             torch._foreach_lerp_(target_params, main, tau)
-    return {
-        "critic": critic_loss.detach(),
-        "actor": actor_loss.detach(),
-        "alpha": alpha_loss.detach(),
-        "q_mean": q_pi.detach().mean(),
-        "alpha_value": alpha[0],
-        "logp": logp.detach().mean(),
-    }
+    return stats

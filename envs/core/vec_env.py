@@ -33,6 +33,7 @@ which builds the managers and the spaces. Hooks:
 
 from __future__ import annotations
 
+import abc
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -135,7 +136,7 @@ def nominal_physics(model: mujoco.MjModel) -> Dict[str, np.ndarray]:
     return {name: getattr(model, name).copy() for name in NOMINAL_FIELDS}
 
 
-class BatchedVecEnv(VectorEnv):
+class BatchedVecEnv(VectorEnv, abc.ABC):
     """N envs of one task in one process, physics on T threads (see the module docstring)."""
 
     metadata = {"render_modes": [], "autoreset_mode": AutoresetMode.NEXT_STEP}
@@ -218,17 +219,18 @@ class BatchedVecEnv(VectorEnv):
 
     # -- hooks -------------------------------------------------------------------------------
 
+    @abc.abstractmethod
     def _configure(self, options: Dict[str, Any]) -> Tuple[mujoco.MjModel, int]:
         """Parse the task options (``self.opts``), set ``self.robot`` (its ``root_dof``) and
         return the physics model and the physics substeps per control step."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _build(self) -> None:
         """The task's state arrays, then ``_init_managers`` with its term tables."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _reset_envs(self, env_ids: np.ndarray) -> None:
-        raise NotImplementedError
+        """Events, commands and sensors of the envs ``env_ids`` at the start of an episode."""
 
     def _reset_all(self, env_ids: np.ndarray, options: Dict[str, Any]) -> None:
         """``reset()`` of every env; a task with reset options overrides this."""
@@ -237,17 +239,18 @@ class BatchedVecEnv(VectorEnv):
     def _observe(self, env_ids: np.ndarray) -> None:
         """Work done once per returned observation of ``env_ids`` (default: none)."""
 
+    @abc.abstractmethod
     def _reset_info(self) -> Dict[str, Any]:
-        raise NotImplementedError
+        """The full-mode info of a reset."""
 
+    @abc.abstractmethod
     def _apply_actions(self, actions: np.ndarray, ids: np.ndarray) -> None:
         """The stepping envs' action state and servo targets (``self.ctrl``)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _after_physics(self, active: np.ndarray, resetting: np.ndarray):
         """After the physics step of the ``active`` envs: state, observation, reward,
         terminated, truncated, info."""
-        raise NotImplementedError
 
     # -- Gymnasium API -----------------------------------------------------------------------
 

@@ -50,6 +50,20 @@ class EnvConfig:
     kwargs: Dict[str, Any] = option(help="extra keyword arguments for gymnasium.make", factory=dict)
 
 
+@dataclass
+class BatchedEnvConfig(EnvConfig):
+    """Options of every raylab task's batched vector env (the single env ignores them)."""
+
+    autoreset_mode: str = option("next_step", "vector autoreset", ("next_step", "same_step"))
+    info_mode: str = option(
+        "none",
+        "vector env infos: none = {} (RLlib-safe; reward/termination stats via pop_log), "
+        "full = per-env arrays plus infos['log']",
+        ("none", "full"),
+    )
+    allow_overcommit: bool = option(False, "allow num_threads above 8 or above the machine's cores")
+
+
 def option_range(low: float, high: float, help: str):
     return option(help=help, factory=lambda: [low, high])
 

@@ -59,7 +59,7 @@ from raylab.envs.core.managers import (
 )
 from raylab.envs.core.options import parse_options
 from raylab.envs.core.vec_env import BatchedVecEnv, gravity_from_quat
-from raylab.envs.tasks import VECTOR_ONLY_OPTIONS, EnvConfig, option, option_range
+from raylab.envs.tasks import VECTOR_ONLY_OPTIONS, BatchedEnvConfig, option, option_range
 from raylab.envs.tasks.microduck_balance_vec import (  # noqa: F401  (obs terms re-exported for the tasks)
     obs_action,
     obs_joint_vel,
@@ -471,7 +471,7 @@ class JoystickTask:
 
 
 @dataclass
-class JoystickConfig(EnvConfig):
+class JoystickConfig(BatchedEnvConfig):
     """Options shared by the joystick tasks; the defaults are the Go2's (see
     envs/tasks/legged_joystick.py).
 
@@ -536,14 +536,6 @@ class JoystickConfig(EnvConfig):
     rew_foot_clearance: float = option(0.0, "reward weight: feet moving below the swing height")
     rew_foot_slip: float = option(-0.1, "reward weight: squared speed of the feet in contact")
     rew_termination: float = option(0.0, "reward weight: 1 on the step the robot falls")
-    autoreset_mode: str = option("next_step", "vector autoreset", ("next_step", "same_step"))
-    info_mode: str = option(
-        "none",
-        "vector env infos: none = {} (RLlib-safe; reward/termination stats via pop_log), "
-        "full = per-env arrays plus infos['log']",
-        ("none", "full"),
-    )
-    allow_overcommit: bool = option(False, "allow num_threads above 8 or above the machine's cores")
 
 
 def check_joystick_options(o) -> None:

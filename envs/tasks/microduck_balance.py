@@ -43,7 +43,7 @@ import numpy as np
 from raylab.envs import asset_path
 from raylab.envs.core.options import parse_options
 from raylab.envs.core.vec_env import check_choice, nominal_physics
-from raylab.envs.tasks import EnvConfig, option
+from raylab.envs.tasks import BatchedEnvConfig, option
 
 # ---------------------------------------------------------------------------------------------
 # Constants of the task
@@ -153,7 +153,7 @@ def is_fallen(trunk_height, upright_cos):
 
 
 @dataclass
-class MicroduckBalanceConfig(EnvConfig):
+class MicroduckBalanceConfig(BatchedEnvConfig):
     """The options of microduck_balance (both envs; ``env.*`` in a raylab config)."""
 
     reward_version: str = option("v2", "reward definition", ("v1", "v2"))
@@ -176,14 +176,6 @@ class MicroduckBalanceConfig(EnvConfig):
         "append privileged state (trunk-frame velocity, trunk height) after the 48 observation "
         "entries: the PPO / APPO critic sees it, the policy does not (asymmetric critic)",
     )
-    autoreset_mode: str = option("next_step", "vector autoreset", ("next_step", "same_step"))
-    info_mode: str = option(
-        "none",
-        "vector env infos: none = {} (RLlib-safe; reward/termination stats via pop_log), "
-        "full = per-env arrays plus infos['log']",
-        ("none", "full"),
-    )
-    allow_overcommit: bool = option(False, "allow num_threads above 8 or above the machine's cores")
 
 
 def check_balance_options(o) -> None:

@@ -15,7 +15,7 @@ import raylab.envs  # noqa: F401  (registers the ids)
 from raylab.envs.core.backend import model_bytes, owned_envs, thread_limit
 from raylab.envs.core.managers import reward_tag, termination_tag
 from raylab.envs.tasks.microduck_balance import (
-    REWARD_WEIGHTS,
+    REWARDS,
     MicroduckBalanceConfig,
     MicroduckBalanceEnv,
     apply_physics_params,
@@ -369,7 +369,7 @@ def test_make_vec_entry_point_under_dict_info_to_list_rllib_style():
         assert infos == [{}, {}, {}] and rew.dtype == np.float64
     log = vec.unwrapped.pop_log()
     assert log[termination_tag("time_out")] == 3
-    assert set(log) == {reward_tag(t) for t in REWARD_WEIGHTS["v2"]} | {termination_tag("time_out")}
+    assert set(log) == {reward_tag(t.name) for t in REWARDS["v2"]} | {termination_tag("time_out")}
     vec.close()
 
 
@@ -399,7 +399,7 @@ def test_full_infos_and_pop_log_agree_with_the_per_term_rewards():
     )
     obs, info = vec.reset(seed=0)
     assert len(info["episode_params"]) == n
-    sums = {t: 0.0 for t in REWARD_WEIGHTS["v1"]}
+    sums = {t.name: 0.0 for t in REWARDS["v1"]}
     steps = 0
     for a in _actions(21, n, seed=4, amplitude=0.5):  # 20 steps, then the NEXT_STEP reset step
         obs, rew, term, trunc, info = vec.step(a)
@@ -421,7 +421,7 @@ def test_full_infos_and_pop_log_agree_with_the_per_term_rewards():
         steps += int(stepped.sum())
     assert (info["step"] == 0).all() and (rew == 0).all()  # the last call reset every env
     log = vec.pop_log()
-    for t in REWARD_WEIGHTS["v1"]:
+    for t in (term.name for term in REWARDS["v1"]):
         assert log[reward_tag(t)] == pytest.approx(sums[t] / steps)
     assert log[termination_tag("time_out")] == n
     assert steps == 20 * n
@@ -438,7 +438,7 @@ def test_reference_env_info_has_the_terms_and_flags():
     for t in range(250):
         obs, r, term, trunc, info = env.step(np.zeros(14, dtype=np.float32))
         assert sum(info["reward_terms"].values()) == pytest.approx(r)
-        assert set(info["reward_terms"]) == set(REWARD_WEIGHTS["v1"])
+        assert set(info["reward_terms"]) == {term.name for term in REWARDS["v1"]}
         assert term is False and trunc == (t == 249)
         total += r
         assert r <= 2.0

@@ -60,10 +60,10 @@ from raylab.envs.core.managers import (
 from raylab.envs.core.options import parse_options
 from raylab.envs.core.vec_env import BatchedVecEnv, gravity_from_quat
 from raylab.envs.tasks import VECTOR_ONLY_OPTIONS, BatchedEnvConfig, option, option_range
+from raylab.envs.tasks.microduck_balance import upright
 from raylab.envs.tasks.microduck_balance_vec import (  # noqa: F401  (obs terms re-exported for the tasks)
     obs_action,
     obs_joint_vel,
-    upright,
 )
 
 CONTROL_DT = 0.02  # 50 Hz control in both tasks

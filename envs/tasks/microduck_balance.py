@@ -41,6 +41,7 @@ import mujoco
 import numpy as np
 
 from raylab.envs import asset_path
+from raylab.envs.core.managers import RewardTerm
 from raylab.envs.core.options import parse_options
 from raylab.envs.core.vec_env import check_choice, nominal_physics
 from raylab.envs.tasks import BatchedEnvConfig, option
@@ -121,22 +122,72 @@ FRICTION_SCALE_RANGE = (0.6, 1.2)  # floor sliding friction
 DR_LATENCY_RANGE = (0, MAX_LATENCY)  # inclusive
 DR_INIT_NOISE_RANGE = (0.02, 0.3)  # rad
 
-# Reward weights per version, in the order the terms are summed.
-REWARD_WEIGHTS: Dict[str, Dict[str, float]] = {
-    "v1": {
-        "upright": 1.0,
-        "height": 1.0,
-        "posture": -0.10,
-        "action_rate": -0.05,
-        "joint_vel": -2e-4,
-        "effort": -0.02,
-    },
-    "v2": {
-        "upright": 1.0,
-        "height": 1.0,
-        "action_rate": -0.05,
-        "joint_vel": -4.2e-2,
-    },
+# ---------------------------------------------------------------------------------------------
+# Rewards: each term once, with its weight, per reward version (summed in table order)
+# ---------------------------------------------------------------------------------------------
+# A term function reads the batched env's state arrays (one row per env) and returns one raw
+# value per env; the batched env multiplies by the weight. The reference env below computes the
+# same raw values for its one robot (written separately, compared bit for bit) and takes the
+# weights from this table.
+
+
+def _mean_square(x: np.ndarray) -> np.ndarray:
+    """Row mean of x*x: a C-contiguous (N, k) array reduced along its last axis (same pairwise
+    summation as the reference's 1-D mean)."""
+    return np.mean(np.ascontiguousarray(x * x), axis=1)
+
+
+def upright(env):
+    """Cosine of the trunk's tilt, floored at 0."""
+    return np.maximum(0.0, env.upright_cos)
+
+
+def height_gaussian(env):
+    """v1: Gaussian of the trunk height around the stand height (sigma HEIGHT_SIGMA)."""
+    e = (env.trunk_height - STAND_HEIGHT) / HEIGHT_SIGMA
+    return np.exp(-0.5 * e * e)
+
+
+def height_linear(env):
+    """v2: trunk height over the stand height, clipped to [0, 1]."""
+    return np.clip(env.trunk_height / STAND_HEIGHT, 0.0, 1.0)
+
+
+def posture(env):
+    """Mean square distance of the joints from the stand pose."""
+    return _mean_square(env.joint_pos - env.stand)
+
+
+def action_rate(env):
+    """Mean square change of the action since the last step."""
+    return _mean_square(env.action - env.prev_action)
+
+
+def joint_vel_sq(env):
+    """Mean square joint velocity."""
+    return _mean_square(env.joint_vel)
+
+
+def effort(env):
+    """Mean square actuator force."""
+    return _mean_square(env.joint_force)
+
+
+REWARDS: Dict[str, Tuple[RewardTerm, ...]] = {
+    "v1": (
+        RewardTerm("upright", upright, weight=1.0),
+        RewardTerm("height", height_gaussian, weight=1.0),
+        RewardTerm("posture", posture, weight=-0.10),
+        RewardTerm("action_rate", action_rate, weight=-0.05),
+        RewardTerm("joint_vel", joint_vel_sq, weight=-2e-4),
+        RewardTerm("effort", effort, weight=-0.02),
+    ),
+    "v2": (
+        RewardTerm("upright", upright, weight=1.0),
+        RewardTerm("height", height_linear, weight=1.0),
+        RewardTerm("action_rate", action_rate, weight=-0.05),
+        RewardTerm("joint_vel", joint_vel_sq, weight=-4.2e-2),
+    ),
 }
 
 
@@ -712,9 +763,9 @@ class MicroduckBalanceEnv(gym.Env):
             raw["joint_vel"] = float(np.mean(qd * qd))
         reward = 0.0
         terms = {}
-        for name, weight in REWARD_WEIGHTS[self.reward_version].items():
-            terms[name] = weight * raw[name]
-            reward += terms[name]
+        for term in REWARDS[self.reward_version]:
+            terms[term.name] = term.weight * raw[term.name]
+            reward += terms[term.name]
         return reward, terms
 
     def _state_info(self) -> Dict[str, Any]:

@@ -5,8 +5,10 @@ vectorization_mode="vector_entry_point", num_threads=T, **options)`` builds
 :class:`MicroduckBalanceVecEnv`. Given the same
 :class:`~raylab.envs.tasks.microduck_balance.EpisodeParams` and actions, env i returns exactly the
 bits of the reference env (:class:`~raylab.envs.tasks.microduck_balance.MicroduckBalanceEnv`); the
-task is written here as term tables (:mod:`raylab.envs.core.managers`) computed for all envs at once
-with NumPy, on top of the shared physics backend (:mod:`raylab.envs.core.backend`).
+task is written as term tables (:mod:`raylab.envs.core.managers`) computed for all envs at once
+with NumPy, on top of the shared physics backend (:mod:`raylab.envs.core.backend`): the reward
+terms with their weights in :data:`raylab.envs.tasks.microduck_balance.REWARDS`, the observation,
+termination and event terms here.
 
 Env state is plain arrays, one row per env (``joint_pos``, ``joint_vel``, ``action``,
 ``step_count``, ...); every term function below reads them.
@@ -18,17 +20,15 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from raylab.envs.core.managers import EventTerm, ObsTerm, RewardTerm, TerminationTerm
+from raylab.envs.core.managers import EventTerm, ObsTerm, TerminationTerm
 from raylab.envs.core.vec_env import BatchedVecEnv, gravity_from_quat
 from raylab.envs.tasks.microduck_balance import (
     GYRO_NOISE_STD,
-    HEIGHT_SIGMA,
     MAX_LATENCY,
     N_SUBSTEPS,
     NUM_ACTIONS,
     QUAT_NOISE_STD,
-    REWARD_WEIGHTS,
-    STAND_HEIGHT,
+    REWARDS,
     EpisodeParams,
     apply_physics_params,
     balance_options,
@@ -42,12 +42,6 @@ from raylab.envs.tasks.microduck_balance import (
 # ---------------------------------------------------------------------------------------------
 # Term functions: f(env) -> one value (or one row) per env
 # ---------------------------------------------------------------------------------------------
-
-
-def _mean_square(x: np.ndarray) -> np.ndarray:
-    """Row mean of x*x: a C-contiguous (N, k) array reduced along its last axis (same pairwise
-    summation as the reference's 1-D mean)."""
-    return np.mean(np.ascontiguousarray(x * x), axis=1)
 
 
 # observation terms
@@ -69,36 +63,6 @@ def obs_gyro(env):
 
 def obs_gravity(env):
     return env.obs_gravity
-
-
-# reward terms (raw values; the weights are in the tables)
-def upright(env):
-    return np.maximum(0.0, env.upright_cos)
-
-
-def height_gaussian(env):
-    e = (env.trunk_height - STAND_HEIGHT) / HEIGHT_SIGMA
-    return np.exp(-0.5 * e * e)
-
-
-def height_linear(env):
-    return np.clip(env.trunk_height / STAND_HEIGHT, 0.0, 1.0)
-
-
-def posture(env):
-    return _mean_square(env.joint_pos - env.stand)
-
-
-def action_rate(env):
-    return _mean_square(env.action - env.prev_action)
-
-
-def joint_vel_sq(env):
-    return _mean_square(env.joint_vel)
-
-
-def effort(env):
-    return _mean_square(env.joint_force)
 
 
 # termination terms
@@ -161,27 +125,6 @@ PRIVILEGED_OBSERVATIONS = (
     ObsTerm("base_lin_vel", obs_base_lin_vel, 3),
     ObsTerm("base_height", obs_base_height, 1),
 )
-
-_REWARD_FNS = {
-    "v1": {
-        "upright": upright,
-        "height": height_gaussian,
-        "posture": posture,
-        "action_rate": action_rate,
-        "joint_vel": joint_vel_sq,
-        "effort": effort,
-    },
-    "v2": {
-        "upright": upright,
-        "height": height_linear,
-        "action_rate": action_rate,
-        "joint_vel": joint_vel_sq,
-    },
-}
-REWARDS = {
-    version: tuple(RewardTerm(name, fns[name], REWARD_WEIGHTS[version][name]) for name in fns)
-    for version, fns in _REWARD_FNS.items()
-}
 
 TERMINATIONS = (TerminationTerm("time_out", time_out, time_out=True),)
 

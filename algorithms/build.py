@@ -68,16 +68,32 @@ def env_id_for_runner(cfg: DictConfig) -> str:
 
 
 def resolve_num_gpus_per_learner(cfg: DictConfig, cluster_gpus: float) -> float:
-    """GPUs per Learner: the configured value, or 1 when the cluster has a GPU (null = auto)."""
+    """GPUs per Learner: the configured value, or 1 when the cluster has a GPU (null = auto);
+    GPU-only options on CPU learners are refused here, where the device is known."""
     want = cfg.resources.num_gpus_per_learner
     if want is None:
-        return 1.0 if cluster_gpus >= 1 else 0.0
+        gpus = 1.0 if cluster_gpus >= 1 else 0.0
+        check_device_options(cfg, gpus)
+        return gpus
+    check_device_options(cfg, float(want))
     if want > 0 and cluster_gpus < want * max(1, cfg.resources.num_learners):
         raise UserError(
             f"resources.num_gpus_per_learner={want} but this Ray cluster has {cluster_gpus:g} "
             "GPU(s); use resources.num_gpus_per_learner=0 (CPU) or null (auto)"
         )
     return float(want)
+
+
+def check_device_options(cfg: DictConfig, num_gpus_per_learner: float) -> None:
+    """GPU-only SAC options on a run whose learners are on CPU: refused, not ignored."""
+    if cfg.algo.name != "sac" or num_gpus_per_learner > 0:
+        return
+    for key in ("torch_compile", "bf16_autocast"):
+        if cfg.algo[key]:
+            raise UserError(
+                f"algo.{key}=true needs a GPU learner; this run's learners are on CPU "
+                f"(resources.num_gpus_per_learner resolved to 0): use algo.{key}=false"
+            )
 
 
 def use_fast_sampler(cfg: DictConfig) -> bool:
@@ -130,6 +146,7 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
             custom_resources_per_learner=dict(cfg.resources.custom_resources_per_learner),
             learner_config_dict=learner_extras,
         )
+        .resources(num_cpus_for_main_process=cfg.resources.num_cpus_for_main_process)
         .rl_module(**rl_module_options(cfg))
         .callbacks(RaylabCallbacks)
         .reporting(

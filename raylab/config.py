@@ -90,12 +90,12 @@ class TrainingConfig:
         "step per vector step, episodes built once per fragment); false: RLlib's own EnvRunner "
         "loop; null: on for raylab tasks, off for Gymnasium ids (which it does not support)",
     )
-    trace_enabled: bool = option(
-        False, "write a Perfetto / Chrome trace of learner and collector phases"
-    )
-    trace_output_dir: Optional[str] = option(None, "trace folder; default <run_dir>/traces")
-    trace_thread_time: bool = option(False, "add thread CPU time to trace events")
-    trace_cuda_events: bool = option(False, "time GPU work with CUDA events in traces (GPU only)")
+    # The metric contract's trace options. Traces are not written yet, so any value but the
+    # default is refused when the config is composed (_check_unsupported) rather than ignored.
+    trace_enabled: bool = option(False, "Perfetto / Chrome traces (not available yet: keep false)")
+    trace_output_dir: Optional[str] = option(None, "trace folder (not available yet: keep null)")
+    trace_thread_time: bool = option(False, "thread CPU time in traces (not available yet)")
+    trace_cuda_events: bool = option(False, "CUDA events in traces (not available yet)")
 
 
 # ------------------------------------------------------------------------------------ algos
@@ -200,6 +200,18 @@ class ResourcesConfig:
     custom_resources_per_learner: Dict[str, float] = option(
         help="Ray custom resources each Learner needs (e.g. {raylab_learner: 1})", factory=dict
     )
+    num_cpus_for_main_process: float = option(
+        0.0,
+        "CPUs reserved for the algorithm's main process (RLlib num_cpus_for_main_process); it "
+        "only coordinates EnvRunners and Learners (APPO here: 7-14% of one core), so by default "
+        "it reserves none and the default layout fits a 2-CPU node; with num_learners=0 it "
+        "learns itself and reserves num_cpus_per_learner",
+    )
+    wait_s: float = option(
+        600.0,
+        "longest wait for the cluster to grant the run's resources (busy nodes, or nodes an "
+        "autoscaler adds: a cloud node boots and joins in about 2-5 min) before failing",
+    )
     ray_address: Optional[str] = option(
         None, "Ray cluster to join (null: RAY_ADDRESS if set, else start Ray in-process)"
     )
@@ -259,6 +271,7 @@ def compose(
     _check_fast_sampler(cfg)
     _check_evaluation(cfg)
     _check_privileged_obs(cfg)
+    _check_unsupported(cfg, spec)
     OmegaConf.set_readonly(cfg, True)
     return cfg
 
@@ -388,11 +401,84 @@ def _check_privileged_obs(cfg: DictConfig) -> None:
         )
 
 
+# Options of the batched vector env that are right for direct use (gymnasium.make_vec, tests,
+# baselines) but cannot work inside RLlib's EnvRunners, which raylab train and tune use: RLlib
+# expects next-step autoreset (a same-step reset would make the first observation of the next
+# episode look like the last one of this) and empty vector infos (its DictInfoToList connector
+# asserts on per-env info arrays).
+RLLIB_ENV_OPTIONS = {"autoreset_mode": "next_step", "info_mode": "none"}
+TRACE_DEFAULTS = {
+    "trace_enabled": False,
+    "trace_output_dir": None,
+    "trace_thread_time": False,
+    "trace_cuda_events": False,
+}
+
+
+def _check_unsupported(cfg: DictConfig, spec: TaskSpec) -> None:
+    """Options that would be accepted and then fail or do nothing: refused with one line."""
+    for key, default in TRACE_DEFAULTS.items():
+        if cfg.training[key] != default:
+            raise UserError(
+                f"training.{key}={_text(cfg.training[key])}: traces are not available in this "
+                f"version of raylab; leave training.{key}={_text(default)}"
+            )
+    for key, needed in RLLIB_ENV_OPTIONS.items():
+        if key in cfg.env and cfg.env[key] != needed:
+            raise UserError(
+                f"env.{key}={cfg.env[key]} cannot work in RLlib's EnvRunners (raylab train and "
+                f"tune need env.{key}={needed}); {cfg.env[key]} is for using the vector env "
+                "directly (gymnasium.make_vec)"
+            )
+    kwargs = dict(cfg.env.kwargs or {})
+    if cfg.task in TASKS:
+        fields = {f.name for f in dataclasses.fields(spec.config_class())}
+        for key in kwargs:
+            if key in fields:
+                raise UserError(f"env.kwargs.{key}: set it as env.{key}, the task's own option")
+            raise UserError(
+                f"env.kwargs.{key}: {cfg.task} has no option '{key}'; its options are the "
+                f"env.* keys of `raylab train --task {cfg.task} --print-config`"
+            )
+        return
+    if str(cfg.env.num_threads) != "auto":
+        raise UserError(
+            f"env.num_threads={cfg.env.num_threads} applies to raylab tasks only; "
+            f"'{cfg.task}' is a Gymnasium id (its envs step one by one): leave env.num_threads=auto"
+        )
+    if kwargs:
+        _check_gym_kwargs(cfg.env.gym_id, kwargs)
+
+
+def _text(value: Any) -> str:
+    """A value as it is typed in an override (true, null)."""
+    if value is None:
+        return "null"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _check_gym_kwargs(gym_id: str, kwargs: Dict[str, Any]) -> None:
+    """Build the Gymnasium env once with env.kwargs: a keyword it does not take (or a value it
+    refuses) is one line now, not an EnvRunner that fails in a loop."""
+    import gymnasium as gym
+
+    try:
+        env = gym.make(gym_id, **kwargs)
+    except Exception as e:  # the env's own message, whatever its type
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(f"env.kwargs {kwargs} for {gym_id}: {type(e).__name__}: {first}") from None
+    env.close()
+
+
 def _check_evaluation(cfg: DictConfig) -> None:
     t = cfg.training
     for key, low in (("reward_window", 1), ("eval_every", 0), ("eval_episodes", 1)):
         if int(t[key]) < low:
             raise UserError(f"bad value training.{key}={t[key]}: must be at least {low}")
+    r = cfg.resources
+    for key in ("wait_s", "num_cpus_for_main_process", "num_cpus_per_env_runner"):
+        if r[key] < 0:
+            raise UserError(f"bad value resources.{key}={r[key]:g}: must be at least 0")
 
 
 def _field_meta(cfg: DictConfig, prefix: str = "") -> Iterator[Tuple[str, dict]]:

@@ -185,9 +185,10 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
-    from raylab.algorithms.build import resolve_num_gpus_per_learner
+    from raylab.algorithms.build import build_algorithm_config, resolve_num_gpus_per_learner
+    from raylab.placement import check_resources
     from raylab.reporting import BudgetStopper, RaylabTuneCallback, StopRequest
-    from raylab.train import TUNE_DIR, init_ray
+    from raylab.train import TUNE_DIR, algorithm_class, init_ray
 
     if resume:
         sweep_dir = Path(resume)
@@ -197,16 +198,24 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
         spec = load_spec(str(saved))
     else:
         spec = load_spec(file, overrides)
+
+    # Join the cluster and hold one trial's resource request against it before the sweep
+    # directory is claimed (trials run as many at once as the cluster grants).
+    resources = init_ray(spec.base)
+    gpus = resolve_num_gpus_per_learner(spec.base, resources.get("GPU", 0.0))
+    check_resources(
+        spec.base,
+        algorithm_class(spec.algo),
+        build_algorithm_config(spec.base, num_gpus_per_learner=gpus),
+    )
+    trainable = make_trainable(spec, gpus)
+    if not resume:
         sweep_dir = sweep_dir_for(spec)
         data = yaml.safe_load(Path(file).read_text())
         data["overrides"] = spec.overrides  # with the command-line extras and the budget
         data.pop("budget", None)
         (sweep_dir / "sweep.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     print(f"raylab: sweep directory: {sweep_dir}", file=sys.stderr, flush=True)
-
-    resources = init_ray(spec.base)
-    gpus = resolve_num_gpus_per_learner(spec.base, resources.get("GPU", 0.0))
-    trainable = make_trainable(spec, gpus)
     StopRequest.install()
 
     def run_dir_for(trial):

@@ -143,8 +143,11 @@ def init_ray(cfg: DictConfig) -> dict:
         )
     else:
         r = cfg.resources
-        need = 1 + r.num_env_runners * r.num_cpus_per_env_runner
-        need += max(1, r.num_learners) * r.num_cpus_per_learner
+        need = r.num_env_runners * r.num_cpus_per_env_runner
+        if r.num_learners > 0:
+            need += r.num_cpus_for_main_process + r.num_learners * r.num_cpus_per_learner
+        else:  # the main process learns
+            need += max(r.num_cpus_for_main_process, r.num_cpus_per_learner)
         # Logical CPUs: at least what the actors reserve, so a small laptop can still run the
         # default layout (the OS shares the cores; nothing waits for a free "CPU" forever).
         num_cpus = max(os.cpu_count() or 1, int(need + 0.999))
@@ -166,19 +169,30 @@ def algorithm_class(name: str):
     return {"ppo": RaylabPPO, "appo": RaylabAPPO, "sac": RaylabSAC}[name]
 
 
-def run_training(cfg: DictConfig, run_dir: Path, resume: bool = False):
-    """Run (or resume) the one-trial experiment for cfg in run_dir. Returns the ResultGrid."""
-    from ray import tune
-
+def prepare(cfg: DictConfig):
+    """Join (or start) Ray, build the AlgorithmConfig and hold its resource request against the
+    cluster (raylab.placement): a run that cannot start fails here, before a run directory is
+    claimed. Returns (trainable, algo_config, num_gpus_per_learner)."""
     from raylab.algorithms.build import build_algorithm_config, resolve_num_gpus_per_learner
-    from raylab.reporting import BudgetStopper, RaylabTuneCallback, StopRequest
-    from raylab.terminal import make_reporter
+    from raylab.placement import check_resources
 
     resources = init_ray(cfg)
     gpus = resolve_num_gpus_per_learner(cfg, resources.get("GPU", 0.0))
     algo_config = build_algorithm_config(cfg, num_gpus_per_learner=gpus)
-    config_dict = to_dict(cfg)
     trainable = algorithm_class(cfg.algo.name)
+    check_resources(cfg, trainable, algo_config)
+    return trainable, algo_config, gpus
+
+
+def run_training(cfg: DictConfig, run_dir: Path, resume: bool = False, prepared=None):
+    """Run (or resume) the one-trial experiment for cfg in run_dir. Returns the ResultGrid."""
+    from ray import tune
+
+    from raylab.reporting import BudgetStopper, RaylabTuneCallback, StopRequest
+    from raylab.terminal import make_reporter
+
+    trainable, algo_config, gpus = prepared or prepare(cfg)
+    config_dict = to_dict(cfg)
     StopRequest.install()
     # The terminal panel / progress lines; a resumed experiment keeps the reporter Tune saved
     # with its callback (it prints plain progress lines).
@@ -231,7 +245,8 @@ def train(algo: str, task: str, sim: str, overrides, resume: Optional[str] = Non
             raise UserError(f"--resume {resume}: no Tune experiment in {run_dir / TUNE_DIR}")
     else:
         cfg = compose(algo, task, sim, overrides)
-        init_ray(cfg)  # join the cluster (or start Ray) before claiming a run directory
+    prepared = prepare(cfg)  # join the cluster, check its resources: before claiming a run dir
+    if not resume:
         run_dir = resolve_run_dir(cfg)
         RunDirectory(run_dir).write_config(to_dict(cfg))
     _say(f"run directory: {run_dir}")
@@ -250,7 +265,7 @@ def train(algo: str, task: str, sim: str, overrides, resume: Optional[str] = Non
         f"{cfg.training.total_steps:,} env steps / "
         f"{cfg.training.time_budget_s if cfg.training.time_budget_s is not None else 'no'} s"
     )
-    results = run_training(cfg, run_dir, resume=bool(resume))
+    results = run_training(cfg, run_dir, resume=bool(resume), prepared=prepared)
     status = _final_status(run_dir)
     errors = [r.error for r in results if r.error is not None]
     _say(f"run {status}; logs, summary and checkpoints in {run_dir}")

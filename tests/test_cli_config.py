@@ -127,6 +127,19 @@ BAD = [
     (["training.reward_window=0"], ["training.reward_window=0", "at least 1"]),
     (["training.eval_every=-1"], ["training.eval_every=-1", "at least 0"]),
     (["training.eval_episodes=0"], ["training.eval_episodes=0", "at least 1"]),
+    # Options that cannot work under raylab train / tune: refused when composed, not accepted
+    # and then failing in the EnvRunners (or doing nothing).
+    (["env.info_mode=full"], ["env.info_mode=full", "RLlib", "env.info_mode=none"]),
+    (["env.autoreset_mode=same_step"], ["same_step", "env.autoreset_mode=next_step"]),
+    (["training.trace_enabled=true"], ["training.trace_enabled=true", "not available"]),
+    (["training.trace_output_dir=/tmp/t"], ["training.trace_output_dir=/tmp/t", "=null"]),
+    (["training.trace_thread_time=true"], ["training.trace_thread_time=true"]),
+    (["training.trace_cuda_events=true"], ["training.trace_cuda_events=true"]),
+    (["env.kwargs.foo=1"], ["env.kwargs.foo", "microduck_balance has no option 'foo'"]),
+    (["env.kwargs.num_pushes=1"], ["env.kwargs.num_pushes", "env.num_pushes"]),
+    (["--task", "Pendulum-v1", "env.kwargs.foo=1"], ["Pendulum-v1", "unexpected keyword", "foo"]),
+    (["--task", "Pendulum-v1", "env.num_threads=2"], ["env.num_threads=2", "raylab tasks only"]),
+    (["resources.wait_s=-1"], ["resources.wait_s=-1", "at least 0"]),
 ]
 
 
@@ -141,6 +154,23 @@ def test_bad_input_is_one_line_exit_2(argv, needles, cli):
     assert lines[0].startswith("raylab")
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
+
+
+def test_gymnasium_kwargs_the_env_takes_are_accepted():
+    cfg = compose("ppo", "Pendulum-v1", overrides=["env.kwargs.g=9.0"])
+    assert cfg.env.kwargs == {"g": 9.0}
+
+
+def test_gpu_only_sac_options_are_refused_on_cpu_learners():
+    from raylab.algorithms.build import resolve_num_gpus_per_learner
+
+    for key in ("torch_compile", "bf16_autocast"):
+        cfg = compose("sac", overrides=[f"algo.{key}=true"])
+        with pytest.raises(UserError, match=f"algo.{key}=true needs a GPU learner"):
+            resolve_num_gpus_per_learner(cfg, cluster_gpus=0.0)
+    # With a GPU (auto picks it) the option stands; no GPU is needed to resolve the number.
+    cfg = compose("sac", overrides=["algo.torch_compile=true"])
+    assert resolve_num_gpus_per_learner(cfg, cluster_gpus=1.0) == 1.0
 
 
 def test_compose_raises_user_error_in_process():

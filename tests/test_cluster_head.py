@@ -46,7 +46,8 @@ def free_port() -> int:
 class LocalHead:
     """One real Ray head node on this machine, token authentication on."""
 
-    def __init__(self, num_cpus: int = 3, resources: Optional[Dict[str, float]] = None):
+    def __init__(self, num_cpus: Optional[int] = 3, resources: Optional[Dict[str, float]] = None):
+        """num_cpus=None: Ray's default, the machine's cores (2 on the CI machine)."""
         self.num_cpus = num_cpus
         self.resources = dict(resources or {})
         self.token = secrets.token_hex(32)
@@ -104,9 +105,10 @@ class LocalHead:
             "--min-worker-port=0",
             "--max-worker-port=0",
             f"--temp-dir={self.temp_dir}",
-            f"--num-cpus={self.num_cpus}",
             "--num-gpus=0",
         ]
+        if self.num_cpus is not None:
+            cmd.append(f"--num-cpus={self.num_cpus}")
         if self.resources:
             cmd.append(f"--resources={json.dumps(self.resources)}")
         log = open(self.log_path, "w")

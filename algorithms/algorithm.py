@@ -27,6 +27,7 @@ from ray.rllib.algorithms.appo import APPO
 from ray.rllib.algorithms.ppo import PPO
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, EVALUATION_RESULTS
 
+from raylab.algorithms.env_errors import EnvErrorPolicy
 from raylab.metrics import schema as S
 
 EPISODES_KEY = "raylab_episodes"  # per-episode (return, length) items from every EnvRunner
@@ -52,9 +53,10 @@ class RewardWindow:
         return float(arr[:, 0].mean()), float(arr[:, 1].mean())
 
 
-class RaylabAlgorithmMixin:
+class RaylabAlgorithmMixin(EnvErrorPolicy):
     """Reward window, evaluation before training and the best evaluation, for any of raylab's
-    algorithms (put it before the RLlib Algorithm class)."""
+    algorithms (put it before the RLlib Algorithm class); deterministic env errors stop the run
+    (:class:`~raylab.algorithms.env_errors.EnvErrorPolicy`)."""
 
     @property
     def reward_window(self) -> RewardWindow:

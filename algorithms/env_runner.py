@@ -31,13 +31,16 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
 from raylab.algorithms.algorithm import EPISODES_KEY
+from raylab.algorithms.env_errors import EnvErrorReporting
 from raylab.algorithms.rollout import Fragment, RolloutLoop
 from raylab.metrics import schema as S
 from raylab.metrics import tracker as stats_tracker
 from raylab.metrics.timeline import COLLECTOR_TRACKER, EVAL_TRACKER, push_partial_state
 
 
-class RaylabEnvRunner(SingleAgentEnvRunner):
+class RaylabEnvRunner(EnvErrorReporting, SingleAgentEnvRunner):
+    """RLlib's EnvRunner; env exceptions are reported to the run (raylab.algorithms.env_errors)."""
+
     def __repr__(self) -> str:
         return f"raylab-envrunner-{getattr(self, 'worker_index', 0)}"
 

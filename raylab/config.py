@@ -241,6 +241,17 @@ def task_spec(task: str) -> TaskSpec:
 
     if task in gym.registry:
         return TaskSpec(name=task, gym_id=task)
+    module, sep, env_id = task.partition(":")
+    if sep:  # Gymnasium's "module:EnvId": the module registers the id (also in the EnvRunners)
+        import importlib
+
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise UserError(f"--task {task}: cannot import module '{module}': {e}") from None
+        if env_id in gym.registry:
+            return TaskSpec(name=task, gym_id=task)
+        raise UserError(f"--task {task}: module '{module}' registers no Gymnasium id '{env_id}'")
     raise UserError(
         choices_hint(task, list(TASKS), "task")
         + " (or any Gymnasium id such as Pendulum-v1, HalfCheetah-v5)"
@@ -299,7 +310,10 @@ def _parse_overrides(cfg: DictConfig, overrides) -> DictConfig:
             raise UserError(f"unknown config key '{key}'{hint}{where}")
         try:
             parsed = OmegaConf.from_dotlist([item])
-            if _is_str_field(cfg, key) and not isinstance(OmegaConf.select(parsed, key), str):
+            str_field = _is_str_field(cfg, key)
+            if str_field == "optional" and value.strip() == "null":
+                pass  # null is None for an optional text field (run_config.json writes it so)
+            elif str_field and not isinstance(OmegaConf.select(parsed, key), str):
                 # YAML would read `off`, `no`, `1e-3` as bool / number; a str field keeps the text.
                 parsed = OmegaConf.create({})
                 OmegaConf.update(parsed, key, value.strip("'\""), force_add=True)
@@ -313,14 +327,17 @@ def _parse_overrides(cfg: DictConfig, overrides) -> DictConfig:
     return out
 
 
-def _is_str_field(cfg: DictConfig, key: str) -> bool:
+def _is_str_field(cfg: DictConfig, key: str):
+    """False, True (a str field) or "optional" (an Optional[str] field)."""
     parent, _, leaf = key.rpartition(".")
     obj_type = OmegaConf.get_type(OmegaConf.select(cfg, parent) if parent else cfg)
     if not dataclasses.is_dataclass(obj_type):
         return False
     for f in dataclasses.fields(obj_type):
         if f.name == leaf:
-            return f.type in (str, "str", Optional[str], "Optional[str]")
+            if f.type in (Optional[str], "Optional[str]"):
+                return "optional"
+            return f.type in (str, "str")
     return False
 
 

@@ -266,20 +266,29 @@ def train(algo: str, task: str, sim: str, overrides, resume: Optional[str] = Non
         f"{cfg.training.time_budget_s if cfg.training.time_budget_s is not None else 'no'} s"
     )
     results = run_training(cfg, run_dir, resume=bool(resume), prepared=prepared)
-    status = _final_status(run_dir)
     errors = [r.error for r in results if r.error is not None]
+    status = _final_status(run_dir, failed=bool(errors))
     _say(f"run {status}; logs, summary and checkpoints in {run_dir}")
     if errors:
-        _say(f"training failed: {str(errors[0]).splitlines()[-1]}")
+        _say(f"training failed: {error_line(errors[0])}")
         return 1
     return 0
 
 
-def _final_status(run_dir: Path) -> str:
+def error_line(err: BaseException) -> str:
+    """The last line of a trial's error (the exception itself), its class without the module
+    path: ``EnvError: the env failed ...``."""
+    import re
+
+    last = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+    return re.sub(r"^(?:[A-Za-z_]\w*\.)+(\w+: )", r"\1", last)
+
+
+def _final_status(run_dir: Path, failed: bool = False) -> str:
     try:
         return json.loads((run_dir / "run_summary.json").read_text()).get("status", "unknown")
-    except (OSError, ValueError):
-        return "unknown"
+    except (OSError, ValueError):  # no summary: the trial failed before its first result
+        return "failed" if failed else "unknown"
 
 
 def load_run_config(run_dir: Path) -> DictConfig:

@@ -156,6 +156,24 @@ def test_bad_input_is_one_line_exit_2(argv, needles, cli):
         assert needle in lines[0], (needle, lines[0])
 
 
+def test_null_is_none_for_optional_text_fields_and_text_for_plain_ones():
+    # run_config.json writes None as null; --resume reads it back through the overrides.
+    cfg = compose("appo", overrides=["training.wandb_name=null", "training.trace_output_dir=null"])
+    assert cfg.training.wandb_name is None and cfg.training.trace_output_dir is None
+    assert compose("appo", overrides=["training.wandb_name=off"]).training.wandb_name == "off"
+
+
+def test_a_run_config_reads_back_as_the_same_config(tmp_path):
+    import json
+
+    from raylab.config import to_dict
+    from raylab.train import load_run_config
+
+    cfg = compose("sac", "Pendulum-v1", overrides=["training.wandb_notes=null", "algo.lr=1e-3"])
+    (tmp_path / "run_config.json").write_text(json.dumps(to_dict(cfg)))
+    assert to_dict(load_run_config(tmp_path)) == to_dict(cfg)
+
+
 def test_gymnasium_kwargs_the_env_takes_are_accepted():
     cfg = compose("ppo", "Pendulum-v1", overrides=["env.kwargs.g=9.0"])
     assert cfg.env.kwargs == {"g": 9.0}

@@ -35,7 +35,11 @@ class RaylabSACEnvRunner(RaylabEnvRunner):
         self._dist_cls = self.module.get_exploration_action_dist_cls() if self.module else None
         # Our module clamps log-std itself; RLlib's distribution gets (mean, log_std).
 
-    def sample_transitions(
+    def sample_transitions(self, *args, **kwargs) -> Dict[str, Any]:
+        """One request of transitions (an env exception is reported to the run first)."""
+        return self.guarded(self._sample_transitions, *args, **kwargs)
+
+    def _sample_transitions(
         self,
         num_steps: int,
         weights: Any = None,

@@ -1,0 +1,169 @@
+"""Deterministic env errors stop the run; crashes are restarted.
+
+RLlib restarts a failed EnvRunner up to ``max_num_env_runner_restarts`` times (raylab keeps
+RLlib's 1000) whatever the cause. That is right for a crash that may not come back (the
+process was killed, its node went away) and wrong for an env that raises on construction or on
+step: it raises again in the new process, run after run. The two are told apart by what the
+failure leaves:
+
+- an exception raised by the env (in ``make_env`` or a sampling call) is reported by the
+  EnvRunner itself, before RLlib ends the process, to the run's :class:`EnvErrorBoard` (a small
+  Ray actor the algorithm creates, named after the Tune trial);
+- a killed process reports nothing; RLlib restarts it and counts the restart, as before.
+
+Before each training step (``Algorithm.restore_env_runners``, RLlib's extension point for
+bringing EnvRunners back) the algorithm reads the board when an EnvRunner is down or was just
+restored: the ``MAX_SAME_ENV_ERRORS``-th report of one error (same type and message, from any
+EnvRunner) stops the run with :class:`EnvError`, whose message is the env's own error in one
+line. An env that cannot be built stops the run at once (RLlib's setup fails on it), and so does
+an env error that leaves no EnvRunner running after ``RESTORE_WAIT_S``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Dict, List, Optional, Tuple
+
+import ray
+
+logger = logging.getLogger(__name__)
+
+MAX_SAME_ENV_ERRORS = 3
+RESTORE_WAIT_S = 60.0  # longest wait for a restarted EnvRunner when none is up
+_REPORT_TIMEOUT_S = 10.0
+
+
+class EnvError(RuntimeError):
+    """The env raised the same way in an EnvRunner too often in a row: the run stops."""
+
+
+def board_name(trial_id: Optional[str]) -> str:
+    return f"raylab-env-errors-{trial_id or 'default'}"
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class EnvErrorBoard:
+    """How often each env error (``Type: message``) was reported, and by which EnvRunner."""
+
+    def __init__(self) -> None:
+        self._errors: Dict[str, List] = {}  # message -> [count, last EnvRunner index]
+
+    def record(self, worker_index: int, message: str) -> int:
+        entry = self._errors.setdefault(message, [0, int(worker_index)])
+        entry[0] += 1
+        entry[1] = int(worker_index)
+        return entry[0]
+
+    def worst(self) -> Optional[Tuple[str, int, int]]:
+        """(message, reports, last EnvRunner index) of the most reported error."""
+        if not self._errors:
+            return None
+        message, (count, index) = max(self._errors.items(), key=lambda kv: kv[1][0])
+        return message, count, index
+
+
+def error_line(exc: BaseException) -> str:
+    """The innermost cause of exc as ``Type: message`` on one line (RLlib re-raises an env's
+    step error as a bare ``RuntimeError from e``)."""
+    while exc.__cause__ is not None and not str(exc).strip():
+        exc = exc.__cause__
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+# ------------------------------------------------------------------------- EnvRunner side
+
+
+class EnvErrorReporting:
+    """EnvRunner mixin: report env exceptions from ``make_env`` and sampling to the board."""
+
+    def guarded(self, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)``; an exception from it is reported, then raised on."""
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            self._report_env_error(e)
+            raise
+
+    def _report_env_error(self, exc: BaseException) -> None:
+        try:
+            board = ray.get_actor(board_name(getattr(self, "tune_trial_id", None)))
+        except ValueError:  # no board: RLlib used without raylab's algorithm classes
+            return
+        try:  # synchronous: RLlib ends this process right after the exception
+            ray.get(
+                board.record.remote(getattr(self, "worker_index", 0), error_line(exc)),
+                timeout=_REPORT_TIMEOUT_S,
+            )
+        except Exception as e:  # the report is best effort; the exception itself goes on
+            logger.warning("could not report an env error to the run: %s", e)
+
+    def make_env(self):
+        return self.guarded(super().make_env)
+
+    def sample(self, *args, **kwargs):
+        return self.guarded(super().sample, *args, **kwargs)
+
+
+# ------------------------------------------------------------------------- Algorithm side
+
+
+class EnvErrorPolicy:
+    """Algorithm mixin: create the board, and stop on deterministic env errors."""
+
+    def setup(self, config) -> None:
+        # Before RLlib builds the EnvRunners (super().setup), so construction errors are seen.
+        self._env_error_board = EnvErrorBoard.options(
+            name=board_name(self.trial_id), get_if_exists=True
+        ).remote()
+        try:
+            super().setup(config)
+        except Exception as e:
+            env_error = self._env_error(threshold=1, built=False)
+            if env_error is not None:
+                raise env_error from None
+            raise e
+
+    def _env_error(self, threshold: int, built: bool = True) -> Optional[EnvError]:
+        board = getattr(self, "_env_error_board", None)
+        if board is None:
+            return None
+        worst = ray.get(board.worst.remote())
+        if worst is None or worst[1] < threshold:
+            return None
+        message, count, index = worst
+        if not built:
+            return EnvError(f"the env cannot be built in EnvRunner {index}: {message}")
+        return EnvError(f"the env raised {count} times (last in EnvRunner {index}): {message}")
+
+    def restore_env_runners(self, env_runner_group) -> List[int]:
+        group = env_runner_group
+        restored = list(super().restore_env_runners(group))
+        if group is None or group.num_remote_env_runners() == 0:
+            return restored
+        healthy = group.num_healthy_remote_env_runners()
+        if healthy == group.num_remote_env_runners() and not restored:
+            return restored  # nothing failed: no look at the board
+        deadline = time.monotonic() + RESTORE_WAIT_S
+        while True:
+            env_error = self._env_error(threshold=MAX_SAME_ENV_ERRORS)
+            if env_error is not None:
+                raise env_error
+            if group.num_healthy_remote_env_runners() > 0:
+                return restored
+            # No EnvRunner is up (RLlib would sample on the local one, which has no env):
+            # wait for Ray's restart, or stop when the env is why none comes back.
+            if time.monotonic() > deadline:
+                env_error = self._env_error(threshold=1)
+                if env_error is not None:
+                    raise env_error
+                return restored
+            time.sleep(1.0)
+            restored += super().restore_env_runners(group)
+
+    def cleanup(self) -> None:
+        super().cleanup()
+        board = getattr(self, "_env_error_board", None)
+        if board is not None:
+            ray.kill(board)

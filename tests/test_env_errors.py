@@ -89,9 +89,7 @@ def test_an_env_that_cannot_be_built_stops_the_run_at_once(tmp_path):
     r, wall = _train("ppo", "raylab_test/FailsOnConstruct-v0", tmp_path)
     assert r.returncode == 1, r.stderr[-4000:]
     line = _failure_line(r.stderr)
-    assert (
-        line
-        == f"raylab: training failed: EnvError: the env cannot be built in EnvRunner 1: {BUILD_ERROR}"
-    )
+    expected = f"EnvError: the env cannot be built in EnvRunner 1: {BUILD_ERROR}"
+    assert line == f"raylab: training failed: {expected}"
     assert wall < 90, wall
     assert "raylab: run failed;" in r.stderr

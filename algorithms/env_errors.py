@@ -8,7 +8,7 @@ failure leaves:
 
 - an exception raised by the env (in ``make_env`` or a sampling call) is reported by the
   EnvRunner itself, before RLlib ends the process, to the run's :class:`EnvErrorBoard` (a small
-  Ray actor the algorithm creates, named after the Tune trial);
+  Ray actor the driver creates, named after the run directory; entries per Tune trial);
 - a killed process reports nothing; RLlib restarts it and counts the restart, as before.
 
 Before each training step (``Algorithm.restore_env_runners``, RLlib's extension point for
@@ -16,7 +16,9 @@ bringing EnvRunners back) the algorithm reads the board when an EnvRunner is dow
 restored: the ``MAX_SAME_ENV_ERRORS``-th report of one error (same type and message, from any
 EnvRunner) stops the run with :class:`EnvError`, whose message is the env's own error in one
 line. An env that cannot be built stops the run at once (RLlib's setup fails on it), and so does
-an env error that leaves no EnvRunner running after ``RESTORE_WAIT_S``.
+an env error that leaves no EnvRunner running after ``RESTORE_WAIT_S``. Tune restores a failed
+trial from its last checkpoint (``training.max_failures``, for crashes such as a killed Learner);
+a trial restored after an env error stops again at once, since the board outlives the attempt.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import ray
 logger = logging.getLogger(__name__)
 
 MAX_SAME_ENV_ERRORS = 3
+BOARD_ATTR = "raylab_env_error_board"  # AlgorithmConfig attribute: the board's actor name
 RESTORE_WAIT_S = 60.0  # longest wait for a restarted EnvRunner when none is up
 _REPORT_TIMEOUT_S = 10.0
 
@@ -38,28 +41,43 @@ class EnvError(RuntimeError):
     """The env raised the same way in an EnvRunner too often in a row: the run stops."""
 
 
-def board_name(trial_id: Optional[str]) -> str:
-    return f"raylab-env-errors-{trial_id or 'default'}"
+def board_name(key: str) -> str:
+    """The board's Ray actor name for a run directory (or, without one, a trial id)."""
+    import hashlib
+
+    return "raylab-env-errors-" + hashlib.sha1(str(key).encode()).hexdigest()[:16]
+
+
+def create_board(name: str):
+    """The board, created by the driver before the Tuner starts (it lives as long as the
+    driver, so a trial that Tune restores still sees what its previous attempt reported)."""
+    return EnvErrorBoard.options(name=name, get_if_exists=True).remote()
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class EnvErrorBoard:
-    """How often each env error (``Type: message``) was reported, and by which EnvRunner."""
+    """How often each env error (``Type: message``) was reported, per trial and kind (``build``:
+    the env's constructor, ``run``: reset / step), and by which EnvRunner last."""
 
     def __init__(self) -> None:
-        self._errors: Dict[str, List] = {}  # message -> [count, last EnvRunner index]
+        self._errors: Dict[Tuple[str, str, str], List] = {}  # (trial, kind, msg) -> [n, index]
 
-    def record(self, worker_index: int, message: str) -> int:
-        entry = self._errors.setdefault(message, [0, int(worker_index)])
+    def record(self, trial_id: str, worker_index: int, message: str, kind: str = "run") -> int:
+        entry = self._errors.setdefault((str(trial_id), kind, message), [0, int(worker_index)])
         entry[0] += 1
         entry[1] = int(worker_index)
         return entry[0]
 
-    def worst(self) -> Optional[Tuple[str, int, int]]:
-        """(message, reports, last EnvRunner index) of the most reported error."""
-        if not self._errors:
+    def worst(self, trial_id: str, kind: Optional[str] = None) -> Optional[Tuple[str, int, int]]:
+        """(message, reports, last EnvRunner index) of the trial's most reported error."""
+        mine = {
+            m: e
+            for (t, k, m), e in self._errors.items()
+            if t == str(trial_id) and kind in (None, k)
+        }
+        if not mine:
             return None
-        message, (count, index) = max(self._errors.items(), key=lambda kv: kv[1][0])
+        message, (count, index) = max(mine.items(), key=lambda kv: kv[1][0])
         return message, count, index
 
 
@@ -78,29 +96,33 @@ def error_line(exc: BaseException) -> str:
 class EnvErrorReporting:
     """EnvRunner mixin: report env exceptions from ``make_env`` and sampling to the board."""
 
-    def guarded(self, fn, *args, **kwargs):
+    def guarded(self, fn, *args, _kind: str = "run", **kwargs):
         """``fn(*args, **kwargs)``; an exception from it is reported, then raised on."""
         try:
             return fn(*args, **kwargs)
         except Exception as e:
-            self._report_env_error(e)
+            self._report_env_error(e, _kind)
             raise
 
-    def _report_env_error(self, exc: BaseException) -> None:
+    def _report_env_error(self, exc: BaseException, kind: str) -> None:
+        trial_id = getattr(self, "tune_trial_id", None) or "default"
+        name = getattr(self.config, BOARD_ATTR, None) or board_name(trial_id)
         try:
-            board = ray.get_actor(board_name(getattr(self, "tune_trial_id", None)))
+            board = ray.get_actor(name)
         except ValueError:  # no board: RLlib used without raylab's algorithm classes
             return
         try:  # synchronous: RLlib ends this process right after the exception
             ray.get(
-                board.record.remote(getattr(self, "worker_index", 0), error_line(exc)),
+                board.record.remote(
+                    trial_id, getattr(self, "worker_index", 0), error_line(exc), kind
+                ),
                 timeout=_REPORT_TIMEOUT_S,
             )
         except Exception as e:  # the report is best effort; the exception itself goes on
             logger.warning("could not report an env error to the run: %s", e)
 
     def make_env(self):
-        return self.guarded(super().make_env)
+        return self.guarded(super().make_env, _kind="build")
 
     def sample(self, *args, **kwargs):
         return self.guarded(super().sample, *args, **kwargs)
@@ -114,26 +136,32 @@ class EnvErrorPolicy:
 
     def setup(self, config) -> None:
         # Before RLlib builds the EnvRunners (super().setup), so construction errors are seen.
-        self._env_error_board = EnvErrorBoard.options(
-            name=board_name(self.trial_id), get_if_exists=True
-        ).remote()
+        # The driver made the board (raylab train / tune); without one, the trial makes its own.
+        name = getattr(config, BOARD_ATTR, None) or board_name(self.trial_id)
+        self._env_error_board = create_board(name)
+        # A trial Tune restored after a deterministic env error: stop before building anything.
+        env_error = self._env_error(threshold=1, kind="build") or self._env_error(
+            threshold=MAX_SAME_ENV_ERRORS
+        )
+        if env_error is not None:
+            raise env_error
         try:
             super().setup(config)
         except Exception as e:
-            env_error = self._env_error(threshold=1, built=False)
+            env_error = self._env_error(threshold=1, kind="build")
             if env_error is not None:
                 raise env_error from None
             raise e
 
-    def _env_error(self, threshold: int, built: bool = True) -> Optional[EnvError]:
+    def _env_error(self, threshold: int, kind: Optional[str] = None) -> Optional[EnvError]:
         board = getattr(self, "_env_error_board", None)
         if board is None:
             return None
-        worst = ray.get(board.worst.remote())
+        worst = ray.get(board.worst.remote(self.trial_id, kind))
         if worst is None or worst[1] < threshold:
             return None
         message, count, index = worst
-        if not built:
+        if kind == "build":
             return EnvError(f"the env cannot be built in EnvRunner {index}: {message}")
         return EnvError(f"the env raised {count} times (last in EnvRunner {index}): {message}")
 
@@ -147,7 +175,9 @@ class EnvErrorPolicy:
             return restored  # nothing failed: no look at the board
         deadline = time.monotonic() + RESTORE_WAIT_S
         while True:
-            env_error = self._env_error(threshold=MAX_SAME_ENV_ERRORS)
+            env_error = self._env_error(threshold=1, kind="build") or self._env_error(
+                threshold=MAX_SAME_ENV_ERRORS
+            )
             if env_error is not None:
                 raise env_error
             if group.num_healthy_remote_env_runners() > 0:
@@ -161,9 +191,3 @@ class EnvErrorPolicy:
                 return restored
             time.sleep(1.0)
             restored += super().restore_env_runners(group)
-
-    def cleanup(self) -> None:
-        super().cleanup()
-        board = getattr(self, "_env_error_board", None)
-        if board is not None:
-            ray.kill(board)

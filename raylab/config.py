@@ -59,6 +59,12 @@ class TrainingConfig:
     checkpoint_every: int = option(
         20, "checkpoint every N training iterations (0: only at the end)"
     )
+    max_failures: int = option(
+        3,
+        "times Tune restores a failed trial from its last checkpoint (a Learner or the "
+        "algorithm's actor killed, a node lost); an env that keeps raising stops the run after "
+        "its third report whatever this says",
+    )
     reward_window: int = option(
         100, "Train/mean_reward and Train/mean_episode_length: mean over this many latest episodes"
     )
@@ -489,7 +495,12 @@ def _check_gym_kwargs(gym_id: str, kwargs: Dict[str, Any]) -> None:
 
 def _check_evaluation(cfg: DictConfig) -> None:
     t = cfg.training
-    for key, low in (("reward_window", 1), ("eval_every", 0), ("eval_episodes", 1)):
+    for key, low in (
+        ("reward_window", 1),
+        ("eval_every", 0),
+        ("eval_episodes", 1),
+        ("max_failures", 0),
+    ):
         if int(t[key]) < low:
             raise UserError(f"bad value training.{key}={t[key]}: must be at least {low}")
     r = cfg.resources

@@ -146,9 +146,10 @@ def load_spec(file: str, extra_overrides: List[str] = ()) -> SweepSpec:
     return SweepSpec(path, data, extra_overrides)
 
 
-def make_trainable(spec: SweepSpec, num_gpus_per_learner: float):
+def make_trainable(spec: SweepSpec, num_gpus_per_learner: float, env_error_board: str = ""):
     """The algorithm class, taking the sampled raylab overrides as its Tune config."""
     from raylab.algorithms.build import build_algorithm_config
+    from raylab.algorithms.env_errors import BOARD_ATTR
     from raylab.train import algorithm_class
 
     base_cls = algorithm_class(spec.algo)
@@ -156,7 +157,9 @@ def make_trainable(spec: SweepSpec, num_gpus_per_learner: float):
     def to_algorithm_config(config):
         if isinstance(config, dict) and SAMPLED_KEY in config:
             cfg = spec.trial_config(config[SAMPLED_KEY])
-            return build_algorithm_config(cfg, num_gpus_per_learner=num_gpus_per_learner)
+            algo_config = build_algorithm_config(cfg, num_gpus_per_learner=num_gpus_per_learner)
+            setattr(algo_config, BOARD_ATTR, env_error_board)
+            return algo_config
         return config
 
     class SweepTrial(base_cls):
@@ -186,6 +189,7 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     from raylab.algorithms.build import build_algorithm_config, resolve_num_gpus_per_learner
+    from raylab.algorithms.env_errors import board_name, create_board
     from raylab.placement import check_resources
     from raylab.reporting import BudgetStopper, RaylabTuneCallback, StopRequest
     from raylab.train import TUNE_DIR, algorithm_class, init_ray
@@ -208,7 +212,6 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
         algorithm_class(spec.algo),
         build_algorithm_config(spec.base, num_gpus_per_learner=gpus),
     )
-    trainable = make_trainable(spec, gpus)
     if not resume:
         sweep_dir = sweep_dir_for(spec)
         data = yaml.safe_load(Path(file).read_text())
@@ -216,6 +219,10 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
         data.pop("budget", None)
         (sweep_dir / "sweep.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     print(f"raylab: sweep directory: {sweep_dir}", file=sys.stderr, flush=True)
+    # The env-error board lives with this driver (raylab.algorithms.env_errors).
+    board_ref = board_name(Path(sweep_dir).resolve())
+    board = create_board(board_ref)  # noqa: F841  (kept alive while the sweep runs)
+    trainable = make_trainable(spec, gpus, board_ref)
     StopRequest.install()
 
     def run_dir_for(trial):
@@ -263,6 +270,7 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
                     checkpoint_at_end=True,
                     num_to_keep=2,
                 ),
+                failure_config=tune.FailureConfig(max_failures=spec.base.training.max_failures),
                 callbacks=[RaylabTuneCallback(run_dir_for=run_dir_for)],
                 verbose=0,
             ),

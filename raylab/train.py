@@ -188,10 +188,15 @@ def run_training(cfg: DictConfig, run_dir: Path, resume: bool = False, prepared=
     """Run (or resume) the one-trial experiment for cfg in run_dir. Returns the ResultGrid."""
     from ray import tune
 
+    from raylab.algorithms.env_errors import BOARD_ATTR, board_name, create_board
     from raylab.reporting import BudgetStopper, RaylabTuneCallback, StopRequest
     from raylab.terminal import make_reporter
 
     trainable, algo_config, gpus = prepared or prepare(cfg)
+    # The env-error board lives with this driver (raylab.algorithms.env_errors); its name is
+    # the run directory's, so a resumed experiment's saved config names the same one.
+    setattr(algo_config, BOARD_ATTR, board_name(run_dir.resolve()))
+    board = create_board(getattr(algo_config, BOARD_ATTR))  # noqa: F841  (kept alive)
     config_dict = to_dict(cfg)
     StopRequest.install()
     # The terminal panel / progress lines; a resumed experiment keeps the reporter Tune saved
@@ -224,6 +229,7 @@ def run_training(cfg: DictConfig, run_dir: Path, resume: bool = False, prepared=
                     checkpoint_at_end=True,
                     num_to_keep=3,
                 ),
+                failure_config=tune.FailureConfig(max_failures=cfg.training.max_failures),
                 callbacks=[callback],
                 verbose=0,
             ),

@@ -6,6 +6,11 @@
 2. The whole driver (`raylab train`) is killed (SIGKILL) after a checkpoint; `raylab train
    --resume RUN_DIR` restores the Tune experiment from that checkpoint and continues: step and
    iteration counters go on from the checkpoint's values, not from zero.
+3. The Learner actor is killed (SIGKILL), for APPO and for SAC (whose replay lives in the
+   Learner): RLlib does not restart Learners, so the trial fails and Tune restores it from its
+   last checkpoint (training.max_failures); the counters go on from the checkpoint's values.
+   SAC's replay is not part of the checkpoint: the restored Learner refills it from new
+   samples (the transitions since the last checkpoint are sampled again).
 
 The driver is the `raylab train` command joining the head (resources.ray_address), so killing
 it leaves the cluster up, as on a real cluster. Each scenario runs once (module fixtures) and
@@ -50,12 +55,14 @@ def _summary(run_dir: Path) -> dict:
         return {}
 
 
-def _start_driver(head: LocalHead, run_dir: Path, log: Path, *overrides: str) -> subprocess.Popen:
+def _start_driver(
+    head: LocalHead, run_dir: Path, log: Path, *overrides: str, algo: str = "appo"
+) -> subprocess.Popen:
     cmd = [
         RAYLAB,
         "train",
         "--algo",
-        "appo",
+        algo,
         "--task",
         "Pendulum-v1",
         "env.num_envs=4",
@@ -315,3 +322,90 @@ def test_resume_keeps_the_step_counters(driver_killed_and_resumed):
     table = extract(f["run_dir"])
     # (step 0: the initial policy's evaluation, before any iteration)
     assert table.steps == sorted({0} | set(before) | set(after))
+
+
+# ------------------------------------------------------------------------- Learner killed
+
+
+@pytest.fixture(scope="module", params=["appo", "sac"])
+def learner_killed(request, head, tmp_path_factory):
+    """Train (35 s budget, checkpoint every 3 iterations); after the first checkpoint and
+    iteration 5, SIGKILL the Learner actor (raylab-learner-0). RLlib does not restart Learners:
+    the trial fails, and Tune restores it from its last checkpoint (training.max_failures)."""
+    algo = request.param
+    base = tmp_path_factory.mktemp(f"learner_kill_{algo}")
+    run_dir, log = base / "run", base / "driver.log"
+    proc = _start_driver(
+        head,
+        run_dir,
+        log,
+        "training.time_budget_s=35",
+        "training.checkpoint_every=3",
+        "training.eval_every=0",
+        "training.eval_before_train=false",
+        algo=algo,
+    )
+    try:
+        at_kill = _wait(
+            lambda: (
+                (s := _summary(run_dir)).get("last_checkpoint")
+                and s.get("training_iteration", 0) >= 5
+                and s
+            ),
+            STARTUP_TIMEOUT_S,
+            "a checkpoint and iteration 5",
+            proc,
+            log,
+        )
+        victim = _wait(
+            lambda: next(
+                (
+                    a
+                    for a in head.actors()
+                    if a.get("repr_name") == "raylab-learner-0" and a["state"] == "ALIVE"
+                ),
+                None,
+            ),
+            30,
+            "the raylab-learner-0 actor in the state API",
+            proc,
+            log,
+        )
+        os.kill(int(victim["pid"]), signal.SIGKILL)
+        # The newest checkpoint at the kill, read before later ones rotate it away.
+        last = _summary(run_dir)["last_checkpoint"]
+        counters = checkpoint_counters(Path(last))
+        rc = proc.wait(timeout=400)
+    finally:
+        _kill_group(proc)
+    return {
+        "last_checkpoint": last,
+        "counters": counters,
+        "algo": algo,
+        "rc": rc,
+        "log": log.read_text(errors="replace"),
+        "run_dir": run_dir,
+        "at_kill": at_kill,
+        "victim": victim,
+    }
+
+
+def test_killed_learner_the_trial_is_restored_from_its_last_checkpoint(learner_killed):
+    f = learner_killed
+    assert f["rc"] == 0, f["log"][-4000:]
+    summary = read_summary(f["run_dir"])
+    assert summary["status"] == "completed"
+    restored = summary.get("restored_from") or []
+    assert len(restored) == 1, summary
+    assert "raylab: restoring trial" in f["log"]
+    # Restored from a checkpoint taken at or before the kill, and nothing before it was lost:
+    # the counters go on from the checkpoint's values and the run reaches its budget.
+    assert restored == [f["last_checkpoint"]]  # the newest checkpoint when the Learner died
+    ckpt_iteration, ckpt_steps = f["counters"]
+    assert ckpt_iteration >= 3 and ckpt_steps > 0
+    assert summary["training_iteration"] > max(ckpt_iteration, f["at_kill"]["training_iteration"])
+    assert summary["env_steps"] > f["at_kill"]["env_steps"]
+    assert summary["time_total_s"] >= 35
+    # A new Learner process trained after the restore.
+    learners = summary["runtime_manifest"]["learners"]
+    assert learners and all(int(x["pid"]) != int(f["victim"]["pid"]) for x in learners)

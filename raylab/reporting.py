@@ -129,6 +129,15 @@ class StopRequest:
     """
 
     requested = threading.Event()
+    signal_name: Optional[str] = None  # the first stop signal: SIGINT (Ctrl-C) or SIGTERM
+
+    @classmethod
+    def stop_reason(cls) -> Optional[str]:
+        """Why the run was stopped early: ``external_cancellation`` (SIGTERM: ``ray job stop``,
+        a scheduler, ``kill``) or ``user_interrupt`` (Ctrl-C); None when it was not."""
+        if not cls.requested.is_set():
+            return None
+        return "external_cancellation" if cls.signal_name == "SIGTERM" else "user_interrupt"
 
     @classmethod
     def install(cls) -> None:
@@ -136,6 +145,7 @@ class StopRequest:
             if cls.requested.is_set():
                 signal.signal(signal.SIGINT, signal.default_int_handler)
                 raise KeyboardInterrupt
+            cls.signal_name = signal.Signals(signum).name
             cls.requested.set()
             print(
                 "\nraylab: stopping after this iteration (checkpoint + logs); "
@@ -170,7 +180,11 @@ class BudgetStopper(tune.Stopper):
         return StopRequest.requested.is_set()
 
     def stop_all(self) -> bool:
-        return StopRequest.requested.is_set()
+        # Never: Tune's experiment-wide stop ends running trials without their final
+        # checkpoint and without on_trial_complete. A stop request ends each trial at its next
+        # result instead (above), which checkpoints it (checkpoint_at_end) and closes its
+        # summary.
+        return False
 
 
 class RaylabTuneCallback(tune.Callback):
@@ -322,9 +336,11 @@ class RaylabTuneCallback(tune.Callback):
         run = self._runs.get(trial.trial_id)
         if run is None:
             return
+        fields = {"end_time": time.time()}
         if status == "completed" and StopRequest.requested.is_set():
             status = "interrupted"
-        fields = {"status": status, "end_time": time.time()}
+            fields["stop_reason"] = StopRequest.stop_reason()
+        fields["status"] = status
         if error:
             fields["error"] = error
         run["dir"].update_summary(**fields)

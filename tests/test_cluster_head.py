@@ -46,8 +46,15 @@ def free_port() -> int:
 class LocalHead:
     """One real Ray head node on this machine, token authentication on."""
 
-    def __init__(self, num_cpus: Optional[int] = 3, resources: Optional[Dict[str, float]] = None):
-        """num_cpus=None: Ray's default, the machine's cores (2 on the CI machine)."""
+    def __init__(
+        self,
+        num_cpus: Optional[int] = 3,
+        resources: Optional[Dict[str, float]] = None,
+        head_env: Optional[Dict[str, str]] = None,
+    ):
+        """num_cpus=None: Ray's default, the machine's cores (2 on the CI machine); head_env:
+        environment variables of the head's processes (such as RAY_JOB_STOP_WAIT_TIME_S)."""
+        self.head_env = dict(head_env or {})
         self.num_cpus = num_cpus
         self.resources = dict(resources or {})
         self.token = secrets.token_hex(32)
@@ -113,7 +120,11 @@ class LocalHead:
             cmd.append(f"--resources={json.dumps(self.resources)}")
         log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            cmd, env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            env={**self.env(), **self.head_env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         log.close()
         deadline = time.time() + timeout

@@ -13,6 +13,8 @@ tests/test_cluster_configs.py validates that file.
 from __future__ import annotations
 
 import json
+import os
+import pickle
 import shlex
 import subprocess
 import time
@@ -29,7 +31,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def head():
-    with LocalHead(num_cpus=3) as h:
+    # `ray job stop` sends SIGTERM, then SIGKILL after RAY_JOB_STOP_WAIT_TIME_S (Ray's default
+    # 3 s; the cluster configs set 120 s, as here, so the run can checkpoint and close).
+    with LocalHead(num_cpus=3, head_env={"RAY_JOB_STOP_WAIT_TIME_S": "120"}) as h:
         yield h
 
 
@@ -117,3 +121,47 @@ def test_a_job_without_a_cluster_address_refuses_to_start_its_own_ray(head, tmp_
     assert len(errors) == 1 and "refusing to start a second Ray" in errors[0], logs[-3000:]
     assert "Traceback" not in logs
     assert "Started a local Ray instance" not in logs
+
+
+def test_ray_job_stop_checkpoints_and_marks_an_external_cancellation(head, tmp_path):
+    log_root = tmp_path / "runs"
+    entrypoint = (
+        "raylab train --algo appo --task Pendulum-v1 env.num_envs=8 training.time_budget_s=600 "
+        f"training.checkpoint_every=0 training.terminal=plain training.log_root={log_root}"
+    )
+    job_id = cli_submit(head, entrypoint, {})
+    deadline = time.time() + 300
+    run = None
+    while time.time() < deadline:
+        runs = [p for p in log_root.iterdir() if p.is_dir()] if log_root.is_dir() else []
+        if runs and (runs[0] / "run_summary.json").is_file():
+            run = runs[0]
+            if read_summary(run).get("training_iteration", 0) >= 3:
+                break
+        time.sleep(1.0)
+    else:
+        raise AssertionError(head.client().get_job_logs(job_id)[-3000:])
+    t0 = time.time()
+    r = subprocess.run(
+        [RAY, "job", "stop", "--address", head.url, job_id],
+        env=head.env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    status = head.wait_job(job_id, timeout=150)
+    logs = head.client().get_job_logs(job_id)
+    assert status == "STOPPED", logs[-3000:]
+    assert time.time() - t0 < 120, "SIGKILLed at the stop wait, not stopped by raylab"
+    summary = read_summary(run)
+    assert summary["status"] == "interrupted", (summary, logs[-3000:])
+    assert summary["stop_reason"] == "external_cancellation"
+    assert summary["end_time"]
+    # The checkpoint at the end holds the last iteration (checkpoint_every=0: only that one).
+    checkpoint = summary["last_checkpoint"]
+    assert checkpoint and os.path.isdir(checkpoint)
+    with open(os.path.join(checkpoint, "algorithm_state.pkl"), "rb") as fh:
+        state = pickle.load(fh)
+    assert int(state["training_iteration"]) == summary["training_iteration"]
+    assert "raylab: stopping after this iteration" in logs

@@ -83,7 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume",
         metavar="RUN_DIR",
         default=None,
-        help="continue a run from its last checkpoint (same config, counters and run directory)",
+        help="continue a run from its last checkpoint (same config, counters and run "
+        "directory). Loading a checkpoint unpickles code: RUN_DIR must be a run directory "
+        "raylab wrote, or pass --trust-checkpoint",
+    )
+    p.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="load a checkpoint from a directory raylab did not write (it runs code it holds)",
     )
     p.set_defaults(func=_cmd_train)
 
@@ -106,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=1000, help="seed of the first episode")
     p.add_argument("--video", action="store_true", help="render play_video.mp4 (offscreen)")
+    p.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="loading a checkpoint unpickles code: without this flag only a checkpoint inside a "
+        "run directory raylab wrote is loaded",
+    )
     p.set_defaults(func=_cmd_eval)
 
     # plot
@@ -199,13 +212,27 @@ def _cmd_train(args) -> int:
         raise UserError("--resume continues a run with its own config; drop the overrides")
     from raylab.train import train
 
-    return train(args.algo, args.task, args.sim, args.overrides, resume=args.resume)
+    return train(
+        args.algo,
+        args.task,
+        args.sim,
+        args.overrides,
+        resume=args.resume,
+        trust_checkpoint=args.trust_checkpoint,
+    )
 
 
 def _cmd_eval(args) -> int:
     from raylab.evaluate import evaluate
 
-    return evaluate(args.run_dir, args.checkpoint, args.episodes, args.seed, args.video)
+    return evaluate(
+        args.run_dir,
+        args.checkpoint,
+        args.episodes,
+        args.seed,
+        args.video,
+        trust_checkpoint=args.trust_checkpoint,
+    )
 
 
 def _cmd_plot(args) -> int:

@@ -264,7 +264,16 @@ def _write_video(frames, path: Path, fps: int) -> None:
 # ---------------------------------------------------------------------------------- raylab eval
 
 
-def evaluate(run_dir: str, checkpoint: Optional[str], episodes: int, seed: int, video: bool) -> int:
+def evaluate(
+    run_dir: str,
+    checkpoint: Optional[str],
+    episodes: int,
+    seed: int,
+    video: bool,
+    trust_checkpoint: bool = False,
+) -> int:
+    from raylab.metrics.rundir import check_trusted_checkpoint
+
     run = Path(run_dir)
     cfg = load_run_config(run)
     if episodes < 1:
@@ -285,6 +294,7 @@ def evaluate(run_dir: str, checkpoint: Optional[str], episodes: int, seed: int, 
             )
     else:
         ckpt = Path(checkpoint)
+    check_trusted_checkpoint(ckpt, run, trust_checkpoint)
     check_checkpoint(ckpt, cfg.algo.name)
     module = load_policy(ckpt)
     from raylab.envs.core.backend import usable_cores

@@ -143,7 +143,12 @@ def load_spec(file: str, extra_overrides: List[str] = ()) -> SweepSpec:
         raise UserError(f"{file}: not valid YAML: {str(e).splitlines()[0]}") from e
     if not isinstance(data, dict):
         raise UserError(f"{file}: a sweep file is a YAML mapping")
-    return SweepSpec(path, data, extra_overrides)
+    try:
+        return SweepSpec(path, data, extra_overrides)
+    except UserError as e:  # every error names the file
+        if str(file) in str(e):
+            raise
+        raise UserError(f"{file}: {e}") from None
 
 
 def make_trainable(spec: SweepSpec, num_gpus_per_learner: float, env_error_board: str = ""):

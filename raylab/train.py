@@ -241,14 +241,22 @@ def run_training(cfg: DictConfig, run_dir: Path, resume: bool = False, prepared=
             reporter.close()  # stop the live panel (also on Ctrl-C), print the summary
 
 
-def train(algo: str, task: str, sim: str, overrides, resume: Optional[str] = None) -> int:
-    from raylab.metrics.rundir import RunDirectory, resolve_run_dir
+def train(
+    algo: str,
+    task: str,
+    sim: str,
+    overrides,
+    resume: Optional[str] = None,
+    trust_checkpoint: bool = False,
+) -> int:
+    from raylab.metrics.rundir import RunDirectory, check_trusted_checkpoint, resolve_run_dir
 
     if resume:
         run_dir = Path(resume)
         cfg = load_run_config(run_dir)
         if not (run_dir / TUNE_DIR).is_dir():
             raise UserError(f"--resume {resume}: no Tune experiment in {run_dir / TUNE_DIR}")
+        check_trusted_checkpoint(run_dir / TUNE_DIR, run_dir, trust_checkpoint)
     else:
         cfg = compose(algo, task, sim, overrides)
     prepared = prepare(cfg)  # join the cluster, check its resources: before claiming a run dir
@@ -306,9 +314,24 @@ def load_run_config(run_dir: Path) -> DictConfig:
         data = json.loads(path.read_text())
     except ValueError as e:
         raise UserError(f"'{path}' is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise UserError(f"'{path}': not a raylab run config (a JSON object is expected)")
+    for field, value in (
+        ("task", data.get("task")),
+        ("sim", data.get("sim")),
+        (
+            "algo.name",
+            (data.get("algo") or {}).get("name") if isinstance(data.get("algo"), dict) else None,
+        ),
+    ):
+        if not isinstance(value, str):
+            raise UserError(f"'{path}': field '{field}' is missing or not a string")
     overrides = [f"{k}={json.dumps(v)}" for k, v in _flatten(data) if k not in ("task", "sim")]
     overrides = [o for o in overrides if not o.startswith("algo.name=")]
-    return compose(data["algo"]["name"], data["task"], data["sim"], overrides)
+    try:
+        return compose(data["algo"]["name"], data["task"], data["sim"], overrides)
+    except UserError as e:  # the bad field, named with the file it came from
+        raise UserError(f"'{path}': {e}") from None
 
 
 def _flatten(d: dict, prefix: str = ""):

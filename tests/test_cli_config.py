@@ -174,6 +174,34 @@ def test_a_run_config_reads_back_as_the_same_config(tmp_path):
     assert to_dict(load_run_config(tmp_path)) == to_dict(cfg)
 
 
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        ("{not json", "not valid JSON"),
+        ("[1]", "a JSON object is expected"),
+        ('{"task": 3, "sim": "mujoco", "algo": {"name": "appo"}}', "field 'task'"),
+        ('{"task": "microduck_balance", "sim": "mujoco", "algo": {}}', "field 'algo.name'"),
+        (
+            '{"task": "microduck_balance", "sim": "mujoco", "algo": {"name": "appo", "lr": "x"}}',
+            "algo.lr",
+        ),
+        (
+            '{"task": "microduck_balance", "sim": "mujoco", "algo": {"name": "appo"}, '
+            '"resources": {"colour": 1}}',
+            "resources.colour",
+        ),
+    ],
+)
+def test_a_malformed_run_config_is_one_line_naming_the_file_and_field(tmp_path, content, needle):
+    from raylab.train import load_run_config
+
+    (tmp_path / "run_config.json").write_text(content)
+    with pytest.raises(UserError) as e:
+        load_run_config(tmp_path)
+    msg = str(e.value)
+    assert "run_config.json" in msg and needle in msg and "\n" not in msg, msg
+
+
 def test_gymnasium_kwargs_the_env_takes_are_accepted():
     cfg = compose("ppo", "Pendulum-v1", overrides=["env.kwargs.g=9.0"])
     assert cfg.env.kwargs == {"g": 9.0}

@@ -249,10 +249,36 @@ def test_plot_of_a_robot_run_draws_the_cached_baselines(runs, tmp_path):
     assert scores["random"]["mean_return"] < scores["hold_pose"]["mean_return"]
 
 
-def test_eval_refuses_a_checkpoint_of_another_algorithm(runs):
+def test_eval_refuses_a_checkpoint_outside_the_run_unless_trusted(runs):
     run_dir = runs("ppo")
     ckpt = read_summary(runs("appo") / "run_summary.json")["last_checkpoint"]
     r = run_cli("eval", str(run_dir), "--checkpoint", ckpt, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert "outside the run directory" in line and "unpickles code" in line
+    assert "--trust-checkpoint" in line
+
+
+def test_eval_and_resume_refuse_a_directory_raylab_did_not_write(runs, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copied"
+    shutil.copytree(runs("ppo"), copy)
+    (copy / "run_summary.json").unlink()  # a folder that only looks like a run
+    for argv in (["eval", str(copy)], ["train", "--resume", str(copy)]):
+        r = run_cli(*argv, timeout=120)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        (line,) = r.stderr.strip().splitlines()
+        assert "not a run directory raylab wrote" in line and "--trust-checkpoint" in line
+    for sub in ("eval", "train"):
+        r = run_cli(sub, "--help", timeout=60)
+        assert "unpickles code" in " ".join(r.stdout.split())
+
+
+def test_eval_refuses_a_checkpoint_of_another_algorithm(runs):
+    run_dir = runs("ppo")
+    ckpt = read_summary(runs("appo") / "run_summary.json")["last_checkpoint"]
+    r = run_cli("eval", str(run_dir), "--checkpoint", ckpt, "--trust-checkpoint", timeout=120)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert "APPO" in lines[-1] and "PPO" in lines[-1] and "Traceback" not in r.stderr
@@ -283,7 +309,7 @@ def test_corrupt_checkpoint_is_one_line(runs, tmp_path):
     bad = tmp_path / "checkpoint_999999"
     bad.mkdir()
     (bad / "class_and_ctor_args.pkl").write_bytes(b"not a pickle")
-    r = run_cli("eval", str(run_dir), "--checkpoint", str(bad), timeout=120)
+    r = run_cli("eval", str(run_dir), "--checkpoint", str(bad), "--trust-checkpoint", timeout=120)
     assert r.returncode == 2 and "not a readable RLlib algorithm checkpoint" in r.stderr
 
 

@@ -359,6 +359,36 @@ def read_summary(path: PathLike) -> dict:
     return summary
 
 
+TRUST_HINT = (
+    "loading a checkpoint unpickles code from it: pass --trust-checkpoint only for a "
+    "checkpoint you trust"
+)
+
+
+def check_trusted_checkpoint(checkpoint: PathLike, run_dir: PathLike, trust: bool) -> None:
+    """Refuse (one line) a checkpoint that is not inside a run directory raylab wrote (its
+    run_config.json and a valid run_summary.json), unless the user vouches for it."""
+    if trust:
+        return
+    run = Path(run_dir)
+    try:
+        read_summary(run)
+        ok = (run / CONFIG_FILE).is_file()
+    except MetricSchemaError:
+        ok = False
+    if not ok:
+        raise UserError(
+            f"'{run}' is not a run directory raylab wrote (no run_config.json and valid "
+            f"{SUMMARY_FILE}); {TRUST_HINT}"
+        )
+    try:
+        Path(checkpoint).resolve().relative_to(run.resolve())
+    except ValueError:
+        raise UserError(
+            f"checkpoint '{checkpoint}' is outside the run directory '{run}'; {TRUST_HINT}"
+        ) from None
+
+
 class RunDirectory:
     """One run's directory and its ``run_config.json`` / ``run_summary.json``."""
 

@@ -174,6 +174,27 @@ def test_evaluation_during_training(pendulum_run):
     assert Path(best["checkpoint"]).is_dir() and Path(best["checkpoint"]).name == "best"
 
 
+@pytest.mark.parametrize("algo", ALGOS)
+def test_a_robot_run_logs_every_reward_and_termination_term_of_its_task(algo, runs):
+    """The event files (read back with TensorBoard's reader) hold reward/<term> for every
+    reward term of the task's reward version and Episode_Termination/<term> for every
+    termination term, each at several steps."""
+    from raylab.envs.tasks.microduck_balance import REWARDS
+    from raylab.envs.tasks.microduck_balance_vec import TERMINATIONS
+
+    run_dir = runs(algo, "microduck_balance")
+    version = json.loads((run_dir / "run_config.json").read_text())["env"]["reward_version"]
+    table = extract(run_dir)
+    expected = [S.reward_tag(t.name) for t in REWARDS[version]]
+    expected += [S.termination_tag(t.name) for t in TERMINATIONS]
+    for tag in expected:
+        assert tag in table.tags, (tag, sorted(t for t in table.tags if "/" in t))
+        assert len(table.column(tag)) >= 2, tag
+    # and no term the task does not have
+    logged = {t for t in table.tags if t.startswith(("reward/", "Episode_Termination/"))}
+    assert logged == set(expected)
+
+
 def test_raylab_eval_reproduces_the_evaluation_during_training(runs):
     """One code path: `raylab eval` of the best checkpoint, with the evaluation's episodes and
     seed, gives the score the evaluation during training logged. PPO, whose learner does not

@@ -283,6 +283,14 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
     results = tuner.fit()
     table = write_summary(spec, sweep_dir, results)
     print_table(table, spec)
+    best = table["best"]
+    if best is not None:
+        overrides = " ".join(f"{k}={v}" for k, v in best["config"].items())
+        print(
+            f"raylab: best trial {best['trial_id']}: {table['metric']} {best['metric']:.4g} "
+            f"with {overrides or 'the base config'}; checkpoint {best['checkpoint']}",
+            file=sys.stderr,
+        )
     print(f"raylab: sweep summary in {sweep_dir / 'sweep_summary.json'}", file=sys.stderr)
     return 0 if all(r.error is None for r in results) else 1
 
@@ -308,9 +316,13 @@ def write_summary(spec: SweepSpec, sweep_dir: Path, results) -> Dict[str, Any]:
                 "trial_id": trial_dir.name,
                 "run_dir": str(trial_dir),
                 "status": summary.get("status", "unknown"),
+                "stopped_by": _stopped_by(spec, summary),
                 "env_steps": summary.get("env_steps"),
+                "training_iteration": summary.get("training_iteration"),
                 "metric": value,
                 "config": sampled,
+                "checkpoint": (summary.get("best_eval") or {}).get("checkpoint")
+                or summary.get("last_checkpoint"),
             }
         )
     scored = [
@@ -344,6 +356,25 @@ def write_summary(spec: SweepSpec, sweep_dir: Path, results) -> Dict[str, Any]:
                 ]
             )
     return table
+
+
+def _stopped_by(spec: SweepSpec, summary: Dict[str, Any]) -> Optional[str]:
+    """Why a finished trial ended: ``budget`` (steps, time or stop_reward reached),
+    ``scheduler`` (ASHA stopped it early) or ``interrupted``; None while unfinished."""
+    status = summary.get("status")
+    if status == "interrupted":
+        return "interrupted"
+    if status != "completed":
+        return None
+    t = spec.base.training
+    reward = (summary.get("final_metrics") or {}).get("Train/mean_reward")
+    if (
+        (summary.get("env_steps") or 0) >= t.total_steps
+        or (t.time_budget_s is not None and (summary.get("time_total_s") or 0) >= t.time_budget_s)
+        or (t.stop_reward is not None and reward is not None and reward >= t.stop_reward)
+    ):
+        return "budget"
+    return "scheduler"
 
 
 def print_table(table: Dict[str, Any], spec: SweepSpec) -> None:

@@ -53,8 +53,10 @@ def test_two_learners_hold_equal_weights_after_updates(algo_name):
             trained = 0
             for _ in range(30):
                 result = algo.train()
-                trained = result.get("learners", {}).get("__all_modules__", {}).get(
-                    "num_env_steps_trained_lifetime", trained
+                trained = (
+                    result.get("learners", {})
+                    .get("__all_modules__", {})
+                    .get("num_env_steps_trained_lifetime", trained)
                 )
                 if trained and trained >= 2048:
                     break

@@ -102,3 +102,51 @@ def test_two_trial_sweep_end_to_end(tmp_path):
         assert all(S.is_canonical(tag) for tag in extract(run_dir).tags)
     assert (sweep_dir / "sweep_summary.csv").read_text().count("\n") == 3
     assert "tiny" in r.stdout and "algo.lr" in r.stdout
+
+
+@pytest.mark.slow
+def test_asha_stops_trials_early_on_train_mean_reward(tmp_path):
+    """Five trials one after another; ASHA (reduction factor 4, rungs at iterations 1 and 4)
+    stops a trial whose Train/mean_reward at a rung is below the best quarter recorded there.
+    Pendulum's early returns are noisy enough that with five trials at least one is below."""
+    path = _write(
+        tmp_path,
+        name="asha",
+        log_root=str(tmp_path / "sweeps"),
+        overrides=[
+            "env.num_envs=4",
+            "algo.train_batch_size=256",
+            "algo.hidden=[32,32]",
+            "resources.dashboard=false",
+            "training.checkpoint_every=0",
+            "training.eval_every=0",
+            "training.eval_before_train=false",
+        ],
+        search={"training.seed": {"grid": [0, 1, 2, 3, 4]}},
+        scheduler={
+            "type": "asha",
+            "metric": "Train/mean_reward",
+            "mode": "max",
+            "grace_period": 1,
+            "reduction_factor": 4,
+        },
+        num_samples=1,
+        max_concurrent_trials=1,
+        budget={"time_budget_s": 10},
+    )
+    r = run_cli("tune", str(path), timeout=1200)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (sweep_dir,) = (tmp_path / "sweeps").glob("asha_*")
+    table = json.loads((sweep_dir / "sweep_summary.json").read_text())
+    rows = table["trials"]
+    assert len(rows) == 5
+    by = [t["stopped_by"] for t in rows]
+    assert "scheduler" in by and all(b in ("scheduler", "budget") for b in by), rows
+    for t in rows:
+        if t["stopped_by"] == "scheduler":
+            assert read_summary(Path(t["run_dir"]))["time_total_s"] < 10
+    best = table["best"]
+    assert best["stopped_by"] == "budget" or best["metric"] is not None
+    assert best["checkpoint"] and Path(best["checkpoint"]).is_dir()
+    assert f"raylab: best trial {best['trial_id']}" in r.stderr
+    assert f"training.seed={best['config']['training.seed']}" in r.stderr

@@ -150,3 +150,83 @@ def test_asha_stops_trials_early_on_train_mean_reward(tmp_path):
     assert best["checkpoint"] and Path(best["checkpoint"]).is_dir()
     assert f"raylab: best trial {best['trial_id']}" in r.stderr
     assert f"training.seed={best['config']['training.seed']}" in r.stderr
+
+
+@pytest.mark.slow
+def test_tune_resume_after_the_driver_is_killed_finishes_the_unfinished_trials(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from conftest import RAYLAB
+
+    path = _write(
+        tmp_path,
+        name="resume",
+        log_root=str(tmp_path / "sweeps"),
+        overrides=[
+            "env.num_envs=4",
+            "algo.train_batch_size=256",
+            "algo.hidden=[32,32]",
+            "resources.dashboard=false",
+            "training.checkpoint_every=2",
+            "training.eval_every=0",
+            "training.eval_before_train=false",
+        ],
+        search={"algo.lr": {"grid": [3e-4, 1e-3, 3e-3]}},
+        scheduler={"type": "fifo"},
+        num_samples=1,
+        max_concurrent_trials=1,
+        budget={"time_budget_s": 12},
+    )
+    log = open(tmp_path / "driver.log", "w")
+    proc = subprocess.Popen(
+        [RAYLAB, "tune", str(path)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+    def statuses():
+        out = {}
+        for d in (tmp_path / "sweeps").glob("resume_*/trials/*"):
+            try:
+                out[d.name] = read_summary(d)
+            except Exception:
+                pass
+        return out
+
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline and proc.poll() is None:
+            s = statuses()
+            done = [k for k, v in s.items() if v["status"] == "completed"]
+            running = [
+                k for k, v in s.items() if v["status"] == "running" and v.get("last_checkpoint")
+            ]
+            if done and running:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError((tmp_path / "driver.log").read_text()[-3000:])
+        time.sleep(6.0)  # Tune records its experiment state every 5 s (TUNE_GLOBAL_CHECKPOINT_S)
+        before = statuses()
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+    (sweep_dir,) = (tmp_path / "sweeps").glob("resume_*")
+    r = run_cli("tune", "--resume", str(sweep_dir), timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    table = json.loads((sweep_dir / "sweep_summary.json").read_text())
+    assert len(table["trials"]) == 3
+    assert all(t["status"] == "completed" for t in table["trials"]), table["trials"]
+    after = statuses()
+    for trial_id, s in before.items():
+        if s["status"] == "completed":  # finished before the kill: not run again
+            assert after[trial_id]["end_time"] == s["end_time"]
+            assert after[trial_id]["env_steps"] == s["env_steps"]
+        else:  # cut short by the kill: continued from its checkpoint, not from zero
+            assert after[trial_id].get("restored_from"), after[trial_id]
+            assert after[trial_id]["training_iteration"] > s["training_iteration"]
+    assert table["best"] is not None

@@ -198,7 +198,11 @@ class ResourcesConfig:
     num_gpus_per_learner: Optional[float] = option(
         None, "GPUs per Learner (null: 1 if this machine or cluster has a GPU, else 0)"
     )
-    num_cpus_per_learner: float = option(1.0, "CPUs reserved per Learner")
+    num_cpus_per_learner: float = option(
+        0.5,
+        "CPUs reserved per Learner on CPU (a GPU Learner reserves 1); a PPO / APPO Learner "
+        "waits on the EnvRunners most of the iteration (APPO here: 82%)",
+    )
     custom_resources_per_env_runner: Dict[str, float] = option(
         help="Ray custom resources each EnvRunner needs (places them on matching nodes)",
         factory=dict,
@@ -207,11 +211,11 @@ class ResourcesConfig:
         help="Ray custom resources each Learner needs (e.g. {raylab_learner: 1})", factory=dict
     )
     num_cpus_for_main_process: float = option(
-        0.0,
+        0.5,
         "CPUs reserved for the algorithm's main process (RLlib num_cpus_for_main_process); it "
-        "only coordinates EnvRunners and Learners (APPO here: 7-14% of one core), so by default "
-        "it reserves none and the default layout fits a 2-CPU node; with num_learners=0 it "
-        "learns itself and reserves num_cpus_per_learner",
+        "only coordinates EnvRunners and Learners (APPO here: 7-14% of one core): with a Learner "
+        "and an EnvRunner the default layout reserves 2 CPUs, so it fits a 2-CPU node; with "
+        "num_learners=0 it learns itself and reserves num_cpus_per_learner",
     )
     wait_s: float = option(
         600.0,

@@ -154,9 +154,77 @@ def _pids_with(needle: bytes):
                 pass
 
 
-@pytest.fixture
-def scenario(tmp_path):
-    """Run _scenario in a subprocess; yield its facts; end every process it left."""
+def _node_loss_scenario(out_path: str, log_dir: str) -> None:
+    """Runs in the subprocess: head (learner) + two EnvRunner nodes; one EnvRunner node is
+    removed (its raylet and workers killed) while its EnvRunner samples."""
+    import threading
+
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from raylab.config import compose, to_dict
+    from raylab.metrics.rundir import RunDirectory, read_summary, resolve_run_dir
+    from raylab.train import run_training
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    try:
+        cluster.add_node(num_cpus=1, resources={"raylab_env_runner": 1})
+        doomed = cluster.add_node(num_cpus=1, resources={"raylab_env_runner": 1})
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+        cfg = compose(
+            "appo",
+            "Pendulum-v1",
+            "mujoco",
+            [
+                "resources.num_env_runners=2",
+                "resources.custom_resources_per_env_runner.raylab_env_runner=1",
+                "env.num_envs=4",
+                "training.time_budget_s=30",
+                "training.checkpoint_every=0",
+                "training.eval_every=0",
+                "training.eval_before_train=false",
+                "training.terminal=plain",
+                f"training.log_dir={log_dir}",
+            ],
+        )
+        run_dir = resolve_run_dir(cfg)
+        RunDirectory(run_dir).write_config(to_dict(cfg))
+        at_removal = {}
+
+        def remove_when_sampling():
+            deadline = time.time() + 240
+            while time.time() < deadline:
+                try:
+                    if read_summary(run_dir).get("training_iteration", 0) >= 5:
+                        break
+                except Exception:
+                    pass
+                time.sleep(0.3)
+            at_removal.update(read_summary(run_dir))
+            cluster.remove_node(doomed)
+
+        remover = threading.Thread(target=remove_when_sampling, daemon=True)
+        remover.start()
+        results = run_training(cfg, run_dir)
+        remover.join(timeout=60)
+        Path(out_path).write_text(
+            json.dumps(
+                {
+                    "run_dir": str(run_dir),
+                    "errors": [str(r.error) for r in results if r.error is not None],
+                    "at_removal": at_removal,
+                    "doomed": doomed.node_id,
+                }
+            )
+        )
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _run_scenario(tmp_path, mode: str):
+    """Run a scenario in a subprocess; yield its facts; end every process it left."""
     ray_tmp = tempfile.mkdtemp(prefix="rlc", dir="/tmp")  # short: unix socket path limit
     env = dict(os.environ)
     for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH"):
@@ -170,7 +238,7 @@ def scenario(tmp_path):
     out = tmp_path / "facts.json"
     log_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, __file__, str(out), str(log_dir)],
+        [sys.executable, __file__, str(out), str(log_dir), mode],
         env=env,
         start_new_session=True,
         stdout=subprocess.PIPE,
@@ -196,6 +264,31 @@ def scenario(tmp_path):
                 break
             time.sleep(0.5)
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def scenario(tmp_path):
+    yield from _run_scenario(tmp_path, "placement")
+
+
+@pytest.fixture
+def node_loss(tmp_path):
+    yield from _run_scenario(tmp_path, "node_loss")
+
+
+def test_a_worker_node_removed_while_sampling_the_run_continues_on_the_rest(node_loss):
+    facts, output = node_loss
+    from raylab.metrics.rundir import read_summary
+
+    assert facts["errors"] == [], output[-5000:]
+    before = facts["at_removal"]
+    assert before.get("training_iteration", 0) >= 5, facts
+    summary = read_summary(facts["run_dir"])
+    assert summary["status"] == "completed"
+    # Training went on after the node was gone, to its time budget, on the node left.
+    assert summary["training_iteration"] >= before["training_iteration"] + 5
+    assert summary["env_steps"] > before["env_steps"]
+    assert summary["time_total_s"] >= 30
 
 
 def test_env_runners_spread_over_cpu_nodes_and_learner_on_the_learner_node(scenario):
@@ -228,4 +321,6 @@ def test_env_runners_spread_over_cpu_nodes_and_learner_on_the_learner_node(scena
 
 
 if __name__ == "__main__":
-    _scenario(sys.argv[1], sys.argv[2])
+    {"placement": _scenario, "node_loss": _node_loss_scenario}[sys.argv[3]](
+        sys.argv[1], sys.argv[2]
+    )

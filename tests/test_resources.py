@@ -41,9 +41,9 @@ def _bundles(algo, task="microduck_balance", *overrides):
 def test_the_default_layout_asks_for_two_cpus_so_a_two_cpu_node_fits(algo):
     bundles, strategy = _bundles(algo)
     assert strategy == "PACK"
-    # One EnvRunner and one Learner, one CPU each; the algorithm's main process only
-    # coordinates them and reserves nothing (resources.num_cpus_for_main_process=0).
-    assert sorted(b["CPU"] for b in bundles) == [1.0, 1.0]
+    # The algorithm's main process and one Learner, half a CPU each (the one coordinates, the
+    # other mostly waits on the collector), and one EnvRunner with a whole CPU.
+    assert sorted(b["CPU"] for b in bundles) == [0.5, 0.5, 1.0]
     assert fits(bundles, [{"CPU": 2.0}])
     assert not fits(bundles, [{"CPU": 1.0}])
 
@@ -56,7 +56,7 @@ def test_bundles_follow_the_resources_options():
         "resources.num_cpus_per_env_runner=0.5",
         "resources.num_cpus_for_main_process=1",
     )
-    assert sorted(b["CPU"] for b in bundles) == [0.5, 0.5, 0.5, 1.0, 1.0]
+    assert sorted(b["CPU"] for b in bundles) == [0.5, 0.5, 0.5, 0.5, 1.0]
     # Learning inside the main process: its bundle takes the learner's CPUs (next to the
     # EnvRunner's).
     bundles, _ = _bundles(
@@ -166,7 +166,7 @@ def test_an_infeasible_request_fails_in_seconds_with_one_line(default_head, tmp_
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("raylab: error:")]
     assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
     line = errors[0]
-    assert f"this run needs {cpus + 2:g} CPU" in line
+    assert f"this run needs {cpus + 2:g} CPU" in line  # cpus+1 EnvRunners, 0.5 + 0.5
     assert f"the Ray cluster has {cpus:g} CPU on 1 node(s)" in line
     assert "no autoscaler can add nodes" in line
     assert "overrides that fit: resources.num_env_runners=" in line

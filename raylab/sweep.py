@@ -367,7 +367,7 @@ def _stopped_by(spec: SweepSpec, summary: Dict[str, Any]) -> Optional[str]:
     if status != "completed":
         return None
     t = spec.base.training
-    reward = (summary.get("final_metrics") or {}).get("Train/mean_reward")
+    reward = (summary.get("final_metrics") or {}).get(S.TRAIN_MEAN_REWARD)
     if (
         (summary.get("env_steps") or 0) >= t.total_steps
         or (t.time_budget_s is not None and (summary.get("time_total_s") or 0) >= t.time_budget_s)

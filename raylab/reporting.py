@@ -247,9 +247,15 @@ class RaylabTuneCallback(tune.Callback):
         # hook: say which one, and keep the history in the summary.
         checkpoint = trial.checkpoint
         if checkpoint is not None:
-            path = str(checkpoint.path)
+            recorded = str(checkpoint.path)
+            path = recover_rotated_checkpoint(trial)
+            gone = (
+                f" (Tune's last snapshot named {recorded}, rotated away since)"
+                if path != recorded
+                else ""
+            )
             print(
-                f"raylab: restoring trial {trial.trial_id} from checkpoint {path}",
+                f"raylab: restoring trial {trial.trial_id} from checkpoint {path}{gone}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -357,6 +363,46 @@ class RaylabTuneCallback(tune.Callback):
             run = self._runs.pop(trial.trial_id, None)
             if run is not None:
                 run["backend"].close()
+
+
+def _complete_checkpoints(folder: Path) -> list:
+    """The checkpoint directories in a trial's folder that hold an algorithm state, newest
+    written first (by that file: after an earlier resume Tune's indices restart below those a
+    killed driver left and it writes into their folders, so neither the index nor the
+    folder's own time orders them)."""
+    found = [p / "algorithm_state.pkl" for p in folder.glob("checkpoint_*")]
+    found = [f for f in found if f.is_file()]
+    return [f.parent for f in sorted(found, key=lambda f: f.stat().st_mtime, reverse=True)]
+
+
+def recover_rotated_checkpoint(trial) -> str:
+    """The checkpoint a (re)started trial restores from, made to exist.
+
+    Tune snapshots its experiment state every few seconds and deletes old checkpoints
+    (``num_to_keep``) in between; a driver killed after a deletion but before the next
+    snapshot leaves a state whose checkpoints are gone, and Tune would fail the trial on
+    resume. Such a trial is pointed at the newest complete checkpoint in its folder instead
+    (newer than the one named: nothing before the last checkpoint is lost; the restored
+    algorithm state sets the iteration). Other named checkpoints that are gone get an empty
+    folder, so Tune's rotation deletes them without an error. Tune's ``Trial.set_storage``
+    repoints checkpoints the same way.
+    """
+    manager = trial.run_metadata.checkpoint_manager
+    latest = manager.latest_checkpoint_result
+    checkpoint = latest.checkpoint
+    path = Path(checkpoint.path)
+    if checkpoint.filesystem.type_name != "local" or path.is_dir():
+        return str(path)
+    newest = _complete_checkpoints(path.parent)
+    if not newest:
+        return str(path)  # nothing to fall back on: Tune's own error names the path
+    latest.checkpoint = type(checkpoint)(path=str(newest[0]), filesystem=checkpoint.filesystem)
+    for result in manager.best_checkpoint_results:
+        if result is not latest:
+            Path(result.checkpoint.path).mkdir(parents=True, exist_ok=True)
+    trial.invalidate_json_state()
+    trial.run_metadata.invalidate_cache()
+    return str(newest[0])
 
 
 def keep_best_checkpoint(source: Path, folder: Path) -> Path:

@@ -38,6 +38,8 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
+SCENARIO_TIMEOUT_S = 420
+
 LAYOUT = {
     "head": {"num_cpus": 1, "resources": {}},
     "cpu_a": {"num_cpus": 2, "resources": {"raylab_env_runner": 1}},
@@ -202,7 +204,9 @@ def _node_loss_scenario(out_path: str, log_dir: str) -> None:
                     pass
                 time.sleep(0.3)
             at_removal.update(read_summary(run_dir))
+            print(f"removing node at iteration {at_removal.get('training_iteration')}", flush=True)
             cluster.remove_node(doomed)
+            print("node removed", flush=True)
 
         remover = threading.Thread(target=remove_when_sampling, daemon=True)
         remover.start()
@@ -246,7 +250,12 @@ def _run_scenario(tmp_path, mode: str):
         text=True,
     )
     try:
-        output, _ = proc.communicate(timeout=420)
+        try:
+            output, _ = proc.communicate(timeout=SCENARIO_TIMEOUT_S)
+        except subprocess.TimeoutExpired as e:
+            # What the scenario printed, its driver's stacks among it (faulthandler, below).
+            printed = e.output.decode(errors="replace") if isinstance(e.output, bytes) else ""
+            pytest.fail(f"{mode}: still running after {SCENARIO_TIMEOUT_S} s:\n{printed[-8000:]}")
         assert proc.returncode == 0 and out.is_file(), output[-5000:]
         yield json.loads(out.read_text()), output
     finally:
@@ -321,6 +330,10 @@ def test_env_runners_spread_over_cpu_nodes_and_learner_on_the_learner_node(scena
 
 
 if __name__ == "__main__":
+    import faulthandler
+
+    # A hang shows where: every thread's stack, before the test gives up on the subprocess.
+    faulthandler.dump_traceback_later(SCENARIO_TIMEOUT_S - 60, exit=False)
     {"placement": _scenario, "node_loss": _node_loss_scenario}[sys.argv[3]](
         sys.argv[1], sys.argv[2]
     )

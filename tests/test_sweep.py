@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -216,8 +217,25 @@ def test_tune_resume_after_the_driver_is_killed_finishes_the_unfinished_trials(t
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
     (sweep_dir,) = (tmp_path / "sweeps").glob("resume_*")
+    # Tune rotates checkpoints away (num_to_keep) between its experiment snapshots, so the
+    # checkpoint a snapshot names can be gone when the driver dies. Make that certain for the
+    # cut trials: keep only their newest checkpoint, under an index no snapshot has seen.
+    newest = {}
+    for trial_id, s in before.items():
+        if s["status"] != "completed":
+            trial_tune_dir = Path(s["last_checkpoint"]).parent
+            states = [p / "algorithm_state.pkl" for p in trial_tune_dir.glob("checkpoint_*")]
+            last = max((f for f in states if f.is_file()), key=os.path.getmtime).parent
+            newest[trial_id] = trial_tune_dir / "checkpoint_000900"
+            last.rename(newest[trial_id])
+            for old in trial_tune_dir.glob("checkpoint_0*"):
+                if old != newest[trial_id]:
+                    shutil.rmtree(old)
+    assert newest, before
     r = run_cli("tune", "--resume", str(sweep_dir), timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for trial_id, path in newest.items():
+        assert f"raylab: restoring trial {trial_id} from checkpoint {path} (" in r.stderr, r.stderr
     table = json.loads((sweep_dir / "sweep_summary.json").read_text())
     assert len(table["trials"]) == 3
     assert all(t["status"] == "completed" for t in table["trials"]), table["trials"]
@@ -226,7 +244,7 @@ def test_tune_resume_after_the_driver_is_killed_finishes_the_unfinished_trials(t
         if s["status"] == "completed":  # finished before the kill: not run again
             assert after[trial_id]["end_time"] == s["end_time"]
             assert after[trial_id]["env_steps"] == s["env_steps"]
-        else:  # cut short by the kill: continued from its checkpoint, not from zero
-            assert after[trial_id].get("restored_from"), after[trial_id]
+        else:  # cut short by the kill: continued from its newest checkpoint, not from zero
+            assert after[trial_id]["restored_from"][-1] == str(newest[trial_id]), after[trial_id]
             assert after[trial_id]["training_iteration"] > s["training_iteration"]
     assert table["best"] is not None

@@ -29,6 +29,7 @@ from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, EVALUATION_RESULTS
 
 from raylab.algorithms.env_errors import EnvErrorPolicy
 from raylab.metrics import schema as S
+from raylab.quiet import quiet_actor
 
 EPISODES_KEY = "raylab_episodes"  # per-episode (return, length) items from every EnvRunner
 STATE_KEY = "raylab"  # the algorithm state raylab adds to RLlib's checkpoint
@@ -70,6 +71,10 @@ class RaylabAlgorithmMixin(EnvErrorPolicy):
     @property
     def best_eval(self) -> Optional[Dict[str, float]]:
         return self.__dict__.get("_best_eval")
+
+    def setup(self, config) -> None:
+        quiet_actor()  # raylab.quiet, also in a Ray job's workers (no raylab setup hook there)
+        super().setup(config)
 
     # -- the window and the best evaluation, per result ------------------------------------
     def update_progress(self, result: Dict[str, Any]) -> None:

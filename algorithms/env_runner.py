@@ -36,6 +36,7 @@ from raylab.algorithms.rollout import Fragment, RolloutLoop
 from raylab.metrics import schema as S
 from raylab.metrics import tracker as stats_tracker
 from raylab.metrics.timeline import COLLECTOR_TRACKER, EVAL_TRACKER, push_partial_state
+from raylab.quiet import quiet_actor
 
 
 class RaylabEnvRunner(EnvErrorReporting, SingleAgentEnvRunner):
@@ -43,6 +44,12 @@ class RaylabEnvRunner(EnvErrorReporting, SingleAgentEnvRunner):
 
     def __repr__(self) -> str:
         return f"raylab-envrunner-{getattr(self, 'worker_index', 0)}"
+
+    def make_env(self):
+        # Library chatter routed before any model compiles, also in a Ray job's workers (which
+        # have no raylab setup hook): raylab.quiet.
+        quiet_actor()
+        return super().make_env()
 
     def _log_episode_metrics(self, length, ret, sec):
         # Every sampling path (RLlib's loop, raylab's rollout loop, SAC's transitions) reports

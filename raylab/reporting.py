@@ -15,11 +15,13 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
 from ray import tune
 from ray.rllib.utils.metrics import EVALUATION_RESULTS
+from ray.tune.schedulers import ASHAScheduler
 
 from raylab.algorithms.algorithm import BEST_EVAL_KEY, EVAL_BEFORE_TRAIN_KEY, eval_tags
 from raylab.algorithms.callbacks import RUNTIME_KEY
@@ -185,6 +187,17 @@ class BudgetStopper(tune.Stopper):
         # result instead (above), which checkpoints it (checkpoint_at_end) and closes its
         # summary.
         return False
+
+
+class QuietASHAScheduler(ASHAScheduler):
+    """Tune's ASHA without numpy's ``All-NaN slice`` warning. ``Train/mean_reward`` is NaN until
+    a trial's first episode ends, and ASHA's rung cutoff (``np.nanpercentile``) leaves NaN out,
+    as it should; numpy warns when a rung holds nothing else yet. The decisions are Tune's."""
+
+    def on_trial_result(self, tune_controller, trial, result):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "All-NaN slice", RuntimeWarning)
+            return super().on_trial_result(tune_controller, trial, result)
 
 
 class RaylabTuneCallback(tune.Callback):

@@ -191,12 +191,17 @@ def sweep_dir_for(spec: SweepSpec) -> Path:
 
 def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> int:
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.schedulers import FIFOScheduler
 
     from raylab.algorithms.build import build_algorithm_config, resolve_num_gpus_per_learner
     from raylab.algorithms.env_errors import board_name, create_board
     from raylab.placement import check_resources
-    from raylab.reporting import BudgetStopper, RaylabTuneCallback, StopRequest
+    from raylab.reporting import (
+        BudgetStopper,
+        QuietASHAScheduler,
+        RaylabTuneCallback,
+        StopRequest,
+    )
     from raylab.train import TUNE_DIR, algorithm_class, init_ray
 
     if resume:
@@ -245,7 +250,7 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
         )
     else:
         if spec.scheduler == "asha":
-            scheduler = ASHAScheduler(
+            scheduler = QuietASHAScheduler(
                 time_attr="training_iteration",
                 grace_period=spec.grace_period,
                 reduction_factor=spec.reduction_factor,
@@ -280,7 +285,14 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
                 verbose=0,
             ),
         )
-    results = tuner.fit()
+    try:
+        results = tuner.fit()
+    except KeyboardInterrupt:  # a second Ctrl-C: close the summaries of the running trials
+        from raylab.train import mark_aborted
+
+        for trial_dir in sorted((Path(sweep_dir) / "trials").glob("*")):
+            mark_aborted(trial_dir)
+        raise
     table = write_summary(spec, sweep_dir, results)
     print_table(table, spec)
     best = table["best"]
@@ -382,7 +394,8 @@ def print_table(table: Dict[str, Any], spec: SweepSpec) -> None:
     from rich.table import Table
 
     t = Table(title=f"sweep {table['name']}: {table['metric']} ({table['mode']})")
-    t.add_column("trial")
+    t.add_column("trial", no_wrap=True)
+    t.add_column("best", justify="center")
     t.add_column("status")
     t.add_column("env steps", justify="right")
     t.add_column(table["metric"], justify="right")
@@ -391,12 +404,17 @@ def print_table(table: Dict[str, Any], spec: SweepSpec) -> None:
     best_id = (table["best"] or {}).get("trial_id")
     for r in table["trials"]:
         metric = f"{r['metric']:.3f}" if isinstance(r["metric"], float) else "-"
-        mark = " *" if r["trial_id"] == best_id else ""
         t.add_row(
-            r["trial_id"] + mark,
+            r["trial_id"],
+            "*" if r["trial_id"] == best_id else "",
             r["status"],
             f"{r['env_steps'] or 0:,}",
             metric,
             *[str(r["config"].get(k)) for k in spec.search],
         )
-    Console(stderr=False).print(t)
+    console = Console()
+    if not console.is_terminal:
+        # A file, a pipe or a Ray job's log has no width: the table at its natural width, not
+        # cut to rich's 80-column default.
+        console = Console(width=Console(width=100_000).measure(t).maximum)
+    console.print(t)

@@ -111,7 +111,7 @@ def init_ray(cfg: DictConfig) -> dict:
     runtime_env = {"env_vars": env_vars} if env_vars else {}
     quiet_logs()
     if job_env is None:  # a job may bring its own setup hook; Ray refuses two
-        runtime_env["worker_process_setup_hook"] = "raylab.quiet.quiet_logs"
+        runtime_env["worker_process_setup_hook"] = "raylab.quiet.quiet_worker"
     runtime_env = runtime_env or None
     if address:
         _say(f"joining Ray cluster at {address}" + (" (Ray job)" if job_env is not None else ""))
@@ -279,7 +279,11 @@ def train(
         f"{cfg.training.total_steps:,} env steps / "
         f"{cfg.training.time_budget_s if cfg.training.time_budget_s is not None else 'no'} s"
     )
-    results = run_training(cfg, run_dir, resume=bool(resume), prepared=prepared)
+    try:
+        results = run_training(cfg, run_dir, resume=bool(resume), prepared=prepared)
+    except KeyboardInterrupt:  # a second Ctrl-C: no final checkpoint, but a closed summary
+        mark_aborted(run_dir)
+        raise
     errors = [r.error for r in results if r.error is not None]
     status = _final_status(run_dir, failed=bool(errors))
     _say(f"run {status}; logs, summary and checkpoints in {run_dir}")
@@ -287,6 +291,19 @@ def train(
         _say(f"training failed: {error_line(errors[0])}")
         return 1
     return 0
+
+
+def mark_aborted(run_dir: Path) -> None:
+    """Close a run's summary after an abort (a second Ctrl-C): status ``interrupted``,
+    ``stop_reason`` ``user_abort``; its last checkpoint, if any, stays the one to resume."""
+    from raylab.metrics.rundir import RunDirectory
+
+    rd = RunDirectory(run_dir)
+    try:
+        if rd.summary_path.is_file() and rd.read_summary().get("status") == "running":
+            rd.update_summary(status="interrupted", stop_reason="user_abort")
+    except Exception as e:  # never hide the abort behind a summary problem
+        _say(f"could not close {rd.summary_path}: {e}")
 
 
 def error_line(err: BaseException) -> str:

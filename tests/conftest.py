@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,17 @@ def run_cli(*args: str, cwd=None, env=None, timeout=120) -> subprocess.Completed
     return subprocess.run(
         [RAYLAB, *args], capture_output=True, text=True, cwd=cwd, env=full_env, timeout=timeout
     )
+
+
+# What a healthy run must not print: a traceback, an ERROR line, a library warning.
+NOT_RAYLAB = re.compile(r"Traceback|ERROR|WARNING|Warning\b|warn\(")
+
+
+def assert_only_raylab_output(output: str) -> None:
+    """A healthy run printed raylab's lines only (and the sweep's table): no traceback, no
+    ERROR line, no warning of Ray, RLlib, MuJoCo or another library."""
+    bad = [line for line in output.splitlines() if NOT_RAYLAB.search(line)]
+    assert not bad, "\n".join(bad[:20]) + "\n---\n" + output[-4000:]
 
 
 @pytest.fixture

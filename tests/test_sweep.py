@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, run_cli
+from conftest import REPO, assert_only_raylab_output, run_cli
 
 from raylab.errors import UserError
 from raylab.metrics import schema as S
@@ -78,7 +78,8 @@ def test_two_trial_sweep_end_to_end(tmp_path):
             "resources.dashboard=false",
             "training.checkpoint_every=2",
         ],
-        search={"algo.lr": {"grid": [3e-4, 1e-3]}},
+        # a second, long key: the printed table must hold every column name in full
+        search={"algo.lr": {"grid": [3e-4, 1e-3]}, "algo.entropy_coeff": {"choice": [0.0]}},
         scheduler={"type": "fifo"},
         num_samples=1,
         max_concurrent_trials=1,
@@ -86,6 +87,7 @@ def test_two_trial_sweep_end_to_end(tmp_path):
     )
     r = run_cli("tune", str(path), timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert_only_raylab_output(r.stdout + r.stderr)
     (sweep_dir,) = (tmp_path / "sweeps").glob("tiny_*")
     table = json.loads((sweep_dir / "sweep_summary.json").read_text())
     assert len(table["trials"]) == 2
@@ -102,7 +104,17 @@ def test_two_trial_sweep_end_to_end(tmp_path):
         assert config["algo"]["lr"] == t["config"]["algo.lr"]
         assert all(S.is_canonical(tag) for tag in extract(run_dir).tags)
     assert (sweep_dir / "sweep_summary.csv").read_text().count("\n") == 3
-    assert "tiny" in r.stdout and "algo.lr" in r.stdout
+    # The table printed into a pipe: full trial ids and column names, the best trial marked on
+    # its own row (not cut to an 80-column terminal).
+    header = next(line for line in r.stdout.splitlines() if "trial" in line and "status" in line)
+    for name in ("trial", "best", "status", "env steps", S.TRAIN_MEAN_REWARD, "algo.lr"):
+        assert name in header, r.stdout
+    assert "algo.entropy_coeff" in header, r.stdout
+    lines = r.stdout.splitlines()
+    rows = {t["trial_id"]: [ln for ln in lines if t["trial_id"] in ln] for t in table["trials"]}
+    assert all(len(found) == 1 for found in rows.values()), r.stdout
+    best = table["best"]["trial_id"]
+    assert all(("*" in found[0]) == (tid == best) for tid, found in rows.items()), r.stdout
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import RAYLAB, run_cli
+from conftest import RAYLAB, assert_only_raylab_output, run_cli
 
 from raylab.metrics import schema as S
 from raylab.metrics.extract import extract
@@ -56,10 +56,12 @@ def train_run(tmp_path_factory, algo: str, task: str, seconds: int, extra=()) ->
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert f"run directory: {run_dir}" in r.stderr
+    (run_dir.parent / OUTPUT_FILE).write_text(r.stdout + r.stderr)
     return run_dir
 
 
 TASKS = ("Pendulum-v1", "microduck_balance")
+OUTPUT_FILE = "output.txt"  # what `raylab train` printed, next to its run directory
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +83,17 @@ def runs(tmp_path_factory):
 def pendulum_run(request, runs):
     algo, task = request.param
     return algo, runs(algo, task)
+
+
+def test_a_healthy_run_prints_raylab_lines_only(pendulum_run):
+    """PPO, APPO and SAC on a Gymnasium id and on a raylab task: no traceback, no ERROR line, no
+    library warning (Ray's core-worker line about constructor arguments included), and every
+    line printed is raylab's own (output into a pipe: the plain progress lines)."""
+    algo, run_dir = pendulum_run
+    output = (run_dir.parent / OUTPUT_FILE).read_text()
+    assert_only_raylab_output(output)
+    foreign = [line for line in output.splitlines() if line and not line.startswith("raylab")]
+    assert not foreign, "\n".join(foreign[:20])
 
 
 def test_run_writes_canonical_event_files(pendulum_run):

@@ -68,8 +68,9 @@ SUMMARY_OPTIONAL = {
     "best_eval": (dict, type(None)),
     "initial_eval": (dict, type(None)),
     "error": (str, type(None)),
-    # interrupted runs: external_cancellation (SIGTERM: ray job stop, a scheduler) or
-    # user_interrupt (Ctrl-C)
+    # interrupted runs: external_cancellation (SIGTERM: ray job stop, a scheduler),
+    # user_interrupt (Ctrl-C: stopped after its iteration, final checkpoint written) or
+    # user_abort (a second Ctrl-C: ended at once, the last periodic checkpoint stands)
     "stop_reason": (str, type(None)),
     "backend_diagnostics": (dict, type(None)),
     "experimental": (dict,),

@@ -217,6 +217,18 @@ class BatchedVecEnv(VectorEnv, abc.ABC):
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, n)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, n)
 
+    def _read_body_sensors(self) -> None:
+        """The sensors every robot here has, as (N, k) views of the gathered sensordata: joint
+        positions, velocities and forces, the trunk's gyro, its trunk-frame linear velocity and
+        its height. A task's ``_read_sensors`` adds its own."""
+        sd, s = self.sim.sensordata, self.robot.sensors
+        self.joint_pos = sd[:, s["joint_pos"]]
+        self.joint_vel = sd[:, s["joint_vel"]]
+        self.joint_force = sd[:, s["joint_force"]]
+        self.gyro = sd[:, s["gyro"]]
+        self.lin_vel = sd[:, s["local_linvel"]]
+        self.trunk_height = sd[:, s["trunk_pos"].start + 2]
+
     # -- hooks -------------------------------------------------------------------------------
 
     @abc.abstractmethod

@@ -673,14 +673,9 @@ class JoystickVecEnv(BatchedVecEnv):
     # -- sensors -----------------------------------------------------------------------------
 
     def _read_sensors(self) -> None:
+        self._read_body_sensors()
         sd, s = self.sim.sensordata, self.robot.sensors
         n, nf = self.num_envs, len(self.task.feet)
-        self.joint_pos = sd[:, s["joint_pos"]]
-        self.joint_vel = sd[:, s["joint_vel"]]
-        self.joint_force = sd[:, s["joint_force"]]
-        self.gyro = sd[:, s["gyro"]]
-        self.lin_vel = sd[:, s["local_linvel"]]
-        self.trunk_height = sd[:, s["trunk_pos"].start + 2]
         self.gravity = gravity_from_quat(sd[:, s["orientation"]])
         self.upright_cos = -self.gravity[:, 2]
         self.fallen = self.upright_cos <= self.task.fall_up_z

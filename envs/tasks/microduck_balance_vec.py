@@ -202,14 +202,8 @@ class MicroduckBalanceVecEnv(BatchedVecEnv):
 
     def _read_sensors(self) -> None:
         """Views of the gathered sensordata as named (N, k) state arrays."""
-        sd, s = self.sim.sensordata, self.robot.sensors
-        self.joint_pos = sd[:, s["joint_pos"]]
-        self.joint_vel = sd[:, s["joint_vel"]]
-        self.joint_force = sd[:, s["joint_force"]]
-        self.gyro = sd[:, s["gyro"]]
-        self.quat = sd[:, s["orientation"]]
-        self.trunk_height = sd[:, s["trunk_pos"].start + 2]
-        self.lin_vel = sd[:, s["local_linvel"]]
+        self._read_body_sensors()
+        self.quat = self.sim.sensordata[:, self.robot.sensors["orientation"]]
         self.upright_cos = -gravity_from_quat(self.quat)[:, 2]
 
     def _observe(self, env_ids: np.ndarray) -> None:

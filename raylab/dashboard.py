@@ -175,3 +175,155 @@ def export_result(run_dir, trial_id: str, metrics: Dict[str, float]) -> Dict[str
 
             print(f"raylab: dashboard metrics not exported: {e}", file=sys.stderr, flush=True)
         return {}
+
+
+# ------------------------------------------------------------------------------- Grafana board
+
+GRAFANA_FILE = "cluster/grafana/raylab.json"
+_RUN_VAR = "run"
+
+
+def _series(tag: str, share: bool = False) -> dict:
+    """One Prometheus target: the gauge of ``tag`` for the runs picked on the board."""
+    spec = S.spec_of(tag)
+    member = tag[len(spec.family_prefix) :] if spec.is_family else ""
+    label = dict(spec.member_labels).get(member) or spec.label or tag
+    return {
+        "expr": f'ray_{gauge_name(tag, share)}{{RunName=~"${_RUN_VAR}"}}',
+        "legendFormat": f"{label}{' share' if share else ''} {{{{RunName}}}} {{{{TrialId}}}}",
+        "refId": "",
+    }
+
+
+def _panel(title: str, unit: str, targets: list, stacked: bool = False) -> dict:
+    for i, target in enumerate(targets):
+        target["refId"] = chr(ord("A") + i) if i < 26 else f"T{i}"
+    return {
+        "type": "timeseries",
+        "title": title,
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "fieldConfig": {
+            "defaults": {
+                "unit": unit,
+                "custom": {"stacking": {"mode": "normal" if stacked else "none"}},
+            },
+            "overrides": [],
+        },
+        "targets": targets,
+    }
+
+
+def grafana_board() -> dict:
+    """Grafana dashboard JSON for the gauges raylab exports, built from the metric schema (so
+    it names no gauge that does not exist): throughput, the learner phases as shares of the
+    iteration (every algorithm's phases), losses and policy statistics (the families' known
+    members), rewards and evaluation, and run health. One row of series per run and trial;
+    the ``run`` variable picks runs by RunName."""
+    phases = []
+    for algo_phases in S.LEARNER_MAIN_PHASES.values():
+        phases += [p for p in algo_phases if p not in phases]
+    loss, policy = (S.TAGS[f] for f in (S.LOSS_FAMILY, S.POLICY_FAMILY))
+    panels = [
+        _panel(
+            "Throughput",
+            "short",
+            [_series(t) for t in (S.PERF_TOTAL_FPS, S.PERF_LEARNER_UPDATES_PER_S)],
+        ),
+        _panel(
+            "Learner phases (share of the iteration wall)",
+            "percentunit",
+            [_series(p, share=True) for p in phases],
+            stacked=True,
+        ),
+        _panel("Iteration wall", "s", [_series(S.PERF_ITERATION_TIME)]),
+        _panel(
+            "Losses",
+            "none",
+            [_series(loss.family_prefix + m) for m, _ in loss.member_labels],
+        ),
+        _panel(
+            "Policy statistics",
+            "none",
+            [_series(policy.family_prefix + m) for m, _ in policy.member_labels],
+        ),
+        _panel(
+            "Rewards",
+            "none",
+            [_series(t) for t in (S.TRAIN_MEAN_REWARD, S.EVAL_MEAN_REWARD)],
+        ),
+        _panel(
+            "Episode length and survival",
+            "none",
+            [
+                _series(t)
+                for t in (S.TRAIN_MEAN_EPISODE_LENGTH, S.EVAL_MEAN_EPISODE_LENGTH, S.EVAL_SURVIVAL)
+            ],
+        ),
+        _panel(
+            "Health",
+            "none",
+            [_series(t) for t in (S.PERF_ENV_RUNNER_RESTARTS, S.PERF_POLICY_STALENESS)],
+        ),
+    ]
+    for i, panel in enumerate(panels):
+        panel["id"] = i + 1
+        panel["gridPos"] = {"h": 8, "w": 12, "x": 12 * (i % 2), "y": 8 * (i // 2)}
+    first = f"ray_{gauge_name(S.PERF_TOTAL_FPS)}"
+    return {
+        "title": "raylab training",
+        "uid": "raylab-training",
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "refresh": "10s",
+        "time": {"from": "now-1h", "to": "now"},
+        "tags": ["raylab", "ray"],
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "label": "Prometheus",
+                },
+                {
+                    "name": _RUN_VAR,
+                    "type": "query",
+                    "label": "run",
+                    "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                    "query": f"label_values({first}, RunName)",
+                    "refresh": 2,
+                    "multi": True,
+                    "includeAll": True,
+                    "allValue": ".*",
+                    "current": {"text": "All", "value": "$__all"},
+                },
+            ]
+        },
+        "panels": panels,
+    }
+
+
+def main(argv=None) -> int:
+    """``python -m raylab.dashboard grafana [OUT]``: write the Grafana board (default: stdout)."""
+    import argparse
+    import json
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m raylab.dashboard", description=main.__doc__)
+    p.add_argument("what", choices=["grafana"])
+    p.add_argument("out", nargs="?", help=f"file to write (the repository's: {GRAFANA_FILE})")
+    args = p.parse_args(argv)
+    text = json.dumps(grafana_board(), indent=2) + "\n"
+    if args.out:
+        from pathlib import Path
+
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -222,3 +222,44 @@ def test_export_result_never_raises(tmp_path, capsys):
     assert D.export_result(tmp_path / "not_a_run", "trial_x", appo_metrics()) == {}
     err = capsys.readouterr().err
     assert err.count("raylab: dashboard metrics not exported") == 1  # once per trial
+
+
+# ------------------------------------------------------------------------------- Grafana board
+
+
+def exporter_names() -> set:
+    """Every gauge name the exporter can set: each algorithm's export of a result that has
+    every exact tag and every known Loss / Policy member."""
+    metrics = {tag: 1.0 for tag in exact_tags()}
+    for family in (S.LOSS_FAMILY, S.POLICY_FAMILY):
+        spec = S.TAGS[family]
+        metrics.update({spec.family_prefix + m: 1.0 for m, _ in spec.member_labels})
+    names = set()
+    for algo in S.LEARNER_MAIN_PHASES:
+        names |= {D.gauge_name(tag, share) for tag, share in D.exported_values(metrics, algo)}
+    return names
+
+
+def test_the_grafana_board_queries_only_gauges_the_exporter_sets():
+    board = D.grafana_board()
+    exprs = [t["expr"] for panel in board["panels"] for t in panel["targets"]]
+    exprs.append(board["templating"]["list"][1]["query"])
+    queried = {m for e in exprs for m in re.findall(r"\bray_(raylab_\w+)", e)}
+    assert queried and queried <= exporter_names(), queried - exporter_names()
+    # Throughput, every algorithm's learner phases as shares, losses, rewards are on it.
+    for tag, share in [(S.PERF_TOTAL_FPS, False), (S.TRAIN_MEAN_REWARD, False)] + [
+        (p, True) for phases in S.LEARNER_MAIN_PHASES.values() for p in phases
+    ]:
+        assert D.gauge_name(tag, share) in queried
+    assert D.gauge_name("Loss/policy") in queried
+
+
+def test_the_committed_grafana_board_is_the_one_the_schema_builds():
+    import json
+
+    from conftest import REPO
+
+    committed = json.loads((REPO / D.GRAFANA_FILE).read_text())
+    assert committed == D.grafana_board(), (
+        f"{D.GRAFANA_FILE} is stale: python -m raylab.dashboard grafana {D.GRAFANA_FILE}"
+    )

@@ -229,7 +229,10 @@ class RaylabTuneCallback(tune.Callback):
             rd = RunDirectory(Path(path))
             if not (rd.path / "run_config.json").exists():
                 rd.write_config(config)
-            rd.update_summary(status="running", trial_id=trial.trial_id)
+            # (Re)started: running again, whatever ended an earlier attempt.
+            rd.update_summary(
+                status="running", trial_id=trial.trial_id, end_time=None, stop_reason=None
+            )
             backend = make_backend(_training_cfg(config), rd.path, config)
             run = {"dir": rd, "backend": backend, "prev": None, "last": {}, "manifest": None}
             self._runs[trial.trial_id] = run

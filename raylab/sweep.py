@@ -205,7 +205,7 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
     from raylab.train import TUNE_DIR, algorithm_class, init_ray
 
     if resume:
-        sweep_dir = Path(resume)
+        sweep_dir = Path(resume).absolute()  # Tune's storage path must be absolute
         saved = sweep_dir / "sweep.yaml"
         if not saved.is_file():
             raise UserError(f"--resume {resume}: not a raylab sweep directory (no sweep.yaml)")

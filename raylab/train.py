@@ -204,11 +204,20 @@ def run_training(cfg: DictConfig, run_dir: Path, resume: bool = False, prepared=
     reporter = None if resume else make_reporter(config_dict, num_gpus_per_learner=gpus)
 
     if resume:
+        from ray.tune import ResumeConfig
+
+        # A run stopped by Ctrl-C or SIGTERM ended its trial as finished, which Tune does not
+        # resume by default: continue it from its final checkpoint to the budget.
+        stopped = _summary_status(run_dir) == "interrupted"
+        resume_type = ResumeConfig.ResumeType.RESUME
         tuner = tune.Tuner.restore(
             str(run_dir / TUNE_DIR),
             trainable=trainable,
-            resume_unfinished=True,
-            resume_errored=True,
+            _resume_config=ResumeConfig(
+                finished=resume_type if stopped else ResumeConfig.ResumeType.SKIP,
+                unfinished=resume_type,
+                errored=resume_type,
+            ),
         )
     else:
         callback = RaylabTuneCallback(
@@ -252,7 +261,7 @@ def train(
     from raylab.metrics.rundir import RunDirectory, check_trusted_checkpoint, resolve_run_dir
 
     if resume:
-        run_dir = Path(resume)
+        run_dir = Path(resume).absolute()  # Tune's storage path must be absolute
         cfg = load_run_config(run_dir)
         if not (run_dir / TUNE_DIR).is_dir():
             raise UserError(f"--resume {resume}: no Tune experiment in {run_dir / TUNE_DIR}")
@@ -313,6 +322,13 @@ def error_line(err: BaseException) -> str:
 
     last = (str(err).strip().splitlines() or [type(err).__name__])[-1]
     return re.sub(r"^(?:[A-Za-z_]\w*\.)+(\w+: )", r"\1", last)
+
+
+def _summary_status(run_dir: Path) -> Optional[str]:
+    try:
+        return json.loads((run_dir / "run_summary.json").read_text()).get("status")
+    except (OSError, ValueError):
+        return None
 
 
 def _final_status(run_dir: Path, failed: bool = False) -> str:

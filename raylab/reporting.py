@@ -91,8 +91,11 @@ def canonical_metrics(result: dict, previous: Optional[dict] = None) -> Dict[str
     steps, t = env_steps(result), float(result.get("time_total_s", 0.0))
     if previous is not None:
         d_steps, d_t = steps - env_steps(previous), t - float(previous.get("time_total_s", 0.0))
-    else:
-        d_steps, d_t = steps, float(result.get("time_this_iter_s", 0.0))
+    else:  # this driver's first result (a new run, or the first after --resume): one iteration
+        runners = result.get(STEPS_KEY[0])
+        this_iter = runners.get("num_env_steps_sampled") if isinstance(runners, dict) else None
+        d_steps = float(this_iter) if _finite(this_iter) else steps
+        d_t = float(result.get("time_this_iter_s", 0.0))
     if d_t > 0:
         put(S.PERF_TOTAL_FPS, d_steps / d_t)
 

@@ -149,3 +149,33 @@ def test_sac_on_a_gymnasium_mujoco_env_prints_raylab_lines_only(tmp_path):
     assert_only_raylab_output(output)
     foreign = [line for line in output.splitlines() if line and not line.startswith("raylab")]
     assert not foreign, "\n".join(foreign[:20])
+
+
+def test_a_run_stopped_by_ctrl_c_resumes_from_a_relative_path_to_its_budget(tmp_path):
+    """Ctrl-C, then `raylab train --resume run` from the run's parent folder: the finished
+    (interrupted) trial continues from its final checkpoint to its time budget."""
+    from raylab.metrics import schema as S
+    from raylab.metrics.extract import extract
+
+    proc, run_dir, log = _start(tmp_path, "appo", "training.time_budget_s=30")
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=180)
+    finally:
+        _end(proc)
+    stopped = read_summary(run_dir)
+    assert stopped["status"] == "interrupted" and stopped["time_total_s"] < 30, stopped
+    r = run_cli("train", "--resume", run_dir.name, cwd=tmp_path, timeout=600)
+    output = r.stdout + r.stderr
+    assert r.returncode == 0, output[-3000:]
+    assert_only_raylab_output(output)
+    assert f"from checkpoint {stopped['last_checkpoint']}" in output
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed" and summary["stop_reason"] is None
+    assert summary["time_total_s"] >= 30
+    assert summary["training_iteration"] > stopped["training_iteration"]
+    assert summary["restored_from"] == [stopped["last_checkpoint"]]
+    # The resumed driver's first throughput is one iteration's, not the restored lifetime
+    # count over one iteration's time (this machine's physics alone runs about 10,000 steps/s).
+    fps = extract(run_dir).column(S.PERF_TOTAL_FPS)
+    assert fps and max(v for _, v in fps) < 50_000, fps

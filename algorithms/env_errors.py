@@ -51,7 +51,12 @@ def board_name(key: str) -> str:
 def create_board(name: str):
     """The board, created by the driver before the Tuner starts (it lives as long as the
     driver, so a trial that Tune restores still sees what its previous attempt reported)."""
-    return EnvErrorBoard.options(name=name, get_if_exists=True).remote()
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    # On the creator's node (the driver's): anywhere else it dies with that node, and a worker
+    # node lost mid-run took the board and then the trial down with it.
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    return EnvErrorBoard.options(name=name, get_if_exists=True, scheduling_strategy=here).remote()
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -157,7 +162,10 @@ class EnvErrorPolicy:
         board = getattr(self, "_env_error_board", None)
         if board is None:
             return None
-        worst = ray.get(board.worst.remote(self.trial_id, kind))
+        try:
+            worst = ray.get(board.worst.remote(self.trial_id, kind))
+        except ray.exceptions.RayActorError:  # the board is advice: its loss stops no trial
+            return None
         if worst is None or worst[1] < threshold:
             return None
         message, count, index = worst

@@ -71,6 +71,17 @@ def _end(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def _signal_and_wait(proc: subprocess.Popen, sig: str, group: bool, timeout: float) -> float:
+    """Send ``sig`` to the run (its process group, or the process alone), wait for it to exit;
+    the time it exited. The process is killed if it is still there afterwards."""
+    try:
+        (os.killpg if group else os.kill)(proc.pid, getattr(signal, sig))
+        proc.wait(timeout=timeout)
+        return time.time()
+    finally:
+        _end(proc)
+
+
 def _newest_file_time(folder: Path) -> float:
     return max(f.stat().st_mtime for f in folder.rglob("*") if f.is_file())
 
@@ -81,16 +92,10 @@ def _newest_file_time(folder: Path) -> float:
 )
 def test_a_stop_signal_checkpoints_closes_the_summary_and_exits_within_10_s(tmp_path, algo, sig):
     proc, run_dir, log = _start(tmp_path, algo)
-    try:
-        sent = time.time()
-        if sig == "SIGINT":  # Ctrl-C: the terminal signals the whole foreground process group
-            os.killpg(proc.pid, signal.SIGINT)
-        else:  # `kill PID`, a job supervisor: the raylab process (docs/training.md)
-            os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=180)
-        exited = time.time()
-    finally:
-        _end(proc)
+    sent = time.time()
+    # Ctrl-C: the terminal signals the whole foreground process group; SIGTERM (`kill PID`, a
+    # job supervisor) goes to the raylab process (docs/training.md).
+    exited = _signal_and_wait(proc, sig, group=sig == "SIGINT", timeout=180)
     output = log.read_text()
     assert proc.returncode == 0, output[-3000:]
     summary = read_summary(run_dir)  # validates the file against the summary schema
@@ -110,15 +115,10 @@ def test_a_stop_signal_checkpoints_closes_the_summary_and_exits_within_10_s(tmp_
 
 def test_a_second_ctrl_c_aborts_at_once_and_leaves_a_closed_summary(tmp_path):
     proc, run_dir, log = _start(tmp_path, "appo")
-    try:
-        os.killpg(proc.pid, signal.SIGINT)
-        time.sleep(0.3)
-        second = time.time()
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(timeout=60)
-        exited = time.time()
-    finally:
-        _end(proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(0.3)
+    second = time.time()
+    exited = _signal_and_wait(proc, "SIGINT", group=True, timeout=60)
     output = log.read_text()
     assert proc.returncode == 130, output[-3000:]
     assert exited - second <= EXIT_AFTER_CHECKPOINT_S, output[-3000:]
@@ -158,11 +158,7 @@ def test_a_run_stopped_by_ctrl_c_resumes_from_a_relative_path_to_its_budget(tmp_
     from raylab.metrics.extract import extract
 
     proc, run_dir, log = _start(tmp_path, "appo", "training.time_budget_s=30")
-    try:
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(timeout=180)
-    finally:
-        _end(proc)
+    _signal_and_wait(proc, "SIGINT", group=True, timeout=180)
     stopped = read_summary(run_dir)
     assert stopped["status"] == "interrupted" and stopped["time_total_s"] < 30, stopped
     r = run_cli("train", "--resume", run_dir.name, cwd=tmp_path, timeout=600)

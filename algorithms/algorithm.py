@@ -29,6 +29,7 @@ from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, EVALUATION_RESULTS
 
 from raylab.algorithms.env_errors import EnvErrorPolicy
 from raylab.metrics import schema as S
+from raylab.metrics import trace
 from raylab.quiet import quiet_actor
 
 EPISODES_KEY = "raylab_episodes"  # per-episode (return, length) items from every EnvRunner
@@ -74,7 +75,24 @@ class RaylabAlgorithmMixin(EnvErrorPolicy):
 
     def setup(self, config) -> None:
         quiet_actor()  # raylab.quiet, also in a Ray job's workers (no raylab setup hook there)
+        # This process drives the iterations; its trace (before super().setup, which builds a
+        # local EnvRunner / Learner that trace into the same file).
+        settings = (
+            config.get(trace.CONFIG_ATTR)
+            if isinstance(config, dict)
+            else trace.settings_from(config)
+        )
+        trace.configure(settings, "algorithm", "Algorithm (driver loop)")
+        trace.name_thread("iterations (driver timeline)")
         super().setup(config)
+
+    def training_step(self):
+        with trace.span("Training Step", "driver"):
+            return super().training_step()
+
+    def evaluate(self, *args, **kwargs):
+        with trace.span("Evaluation", "driver"):
+            return super().evaluate(*args, **kwargs)
 
     # -- the window and the best evaluation, per result ------------------------------------
     def update_progress(self, result: Dict[str, Any]) -> None:
@@ -114,7 +132,8 @@ class RaylabAlgorithmMixin(EnvErrorPolicy):
             before = self.evaluate()  # the evaluation results themselves
             # Reported on their own, not again inside the first iteration's "evaluation".
             self.metrics.delete(EVALUATION_RESULTS, key_error=False)
-        result = super().step()
+        with trace.span("Algorithm Step", "driver"):
+            result = super().step()
         if before is not None:
             result[EVAL_BEFORE_TRAIN_KEY] = before
         return result

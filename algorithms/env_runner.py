@@ -34,16 +34,37 @@ from raylab.algorithms.algorithm import EPISODES_KEY
 from raylab.algorithms.env_errors import EnvErrorReporting
 from raylab.algorithms.rollout import Fragment, RolloutLoop
 from raylab.metrics import schema as S
+from raylab.metrics import trace
 from raylab.metrics import tracker as stats_tracker
-from raylab.metrics.timeline import COLLECTOR_TRACKER, EVAL_TRACKER, push_partial_state
+from raylab.metrics.timeline import COLLECTOR_TRACKER, EVAL_TRACKER, label, push_partial_state
 from raylab.quiet import quiet_actor
+
+_ROLLOUT = label(S.PERF_COLLECTION_TIME)
+_EXTRACT = label(S.PERF_COLLECTOR_TRANSITION_EXTRACT_MS)
 
 
 class RaylabEnvRunner(EnvErrorReporting, SingleAgentEnvRunner):
     """RLlib's EnvRunner; env exceptions are reported to the run (raylab.algorithms.env_errors)."""
 
+    _trace_role = ("env_runner", "EnvRunner")  # trace file prefix, process name
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # A remote EnvRunner writes its own trace (the local one, index 0, lives in the
+        # algorithm's process, which traces itself).
+        index = getattr(self, "worker_index", 0)
+        if index > 0:
+            role, name = self._trace_role
+            trace.configure(trace.settings_from(self.config), f"{role}-{index}", f"{name} {index}")
+
     def __repr__(self) -> str:
         return f"raylab-envrunner-{getattr(self, 'worker_index', 0)}"
+
+    def _trace_sample_thread(self) -> None:
+        """Name the trace track of the thread that serves sample requests (once)."""
+        if not getattr(self, "_sample_track_named", False):
+            trace.name_thread("sample requests (collector timeline)")
+            self._sample_track_named = True
 
     def make_env(self):
         # Library chatter routed before any model compiles, also in a Ray job's workers (which
@@ -101,6 +122,7 @@ class RaylabFastEnvRunner(RaylabEnvRunner):
             )
         t_start = time.perf_counter()
         tracker = stats_tracker.get(COLLECTOR_TRACKER)
+        self._trace_sample_thread()
         # An EnvRunner's module never trains: in eval mode RLlib's forward_exploration does not
         # switch it back to train mode (all submodules) after every step.
         self.module.eval()
@@ -121,15 +143,19 @@ class RaylabFastEnvRunner(RaylabEnvRunner):
         steps = frag.num_steps
         t_extract = time.perf_counter()
         samples = self._chunks(frag)
+        t_extracted = time.perf_counter()
         tracker.scalar(
-            **{S.PERF_COLLECTOR_TRANSITION_EXTRACT_MS: (time.perf_counter() - t_extract) * 1000.0}
+            **{S.PERF_COLLECTOR_TRANSITION_EXTRACT_MS: (t_extracted - t_extract) * 1000.0}
         )
+        trace.complete(_EXTRACT, t_extract, t_extracted, "collector")
         now = time.perf_counter()
         for env_index, length, ret, truncated in frag.episodes:
             self._log_episode_metrics(length, ret, now - self._ep_start[env_index])
             self._ep_start[env_index] = now
             tracker.scalar(**{S.EPISODE_TIMEOUT_RATE: 1.0 if truncated else 0.0})
-        tracker.scalar(**{S.PERF_COLLECTION_TIME: time.perf_counter() - t_start})
+        t_end = time.perf_counter()
+        tracker.scalar(**{S.PERF_COLLECTION_TIME: t_end - t_start})
+        trace.complete(_ROLLOUT, t_start, t_end, "collector")
         self._log_env_steps(metric=self._metrics_num_env_steps_sampled, num_steps=steps)
         self._increase_sampled_metrics(steps, len(frag.episodes))
         return samples
@@ -189,6 +215,7 @@ class RaylabEvalEnvRunner(RaylabEnvRunner):
     weight)."""
 
     _eval_env = None
+    _trace_role = ("eval_env_runner", "Eval EnvRunner")
 
     def __repr__(self) -> str:
         return f"raylab-eval-envrunner-{getattr(self, 'worker_index', 0)}"
@@ -235,7 +262,9 @@ class RaylabEvalEnvRunner(RaylabEnvRunner):
             deterministic_policy(self.module, space), self._eval_env, int(num_episodes), seed
         )
         tracker = stats_tracker.get(EVAL_TRACKER)
-        tracker.scalar(**{S.PERF_EVALUATION_MS: (time.perf_counter() - t0) * 1000.0})
+        t1 = time.perf_counter()
+        tracker.scalar(**{S.PERF_EVALUATION_MS: (t1 - t0) * 1000.0})
+        trace.complete(label(S.PERF_EVALUATION_MS), t0, t1, "evaluation")
         tracker.scalar_series(**{S.EVAL_MEAN_REWARD: np.asarray(stats["returns"])})
         tracker.scalar_series(**{S.EVAL_MEAN_EPISODE_LENGTH: np.asarray(stats["lengths"])})
         if stats["survivals"] is not None:

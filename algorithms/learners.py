@@ -34,6 +34,7 @@ from ray.rllib.evaluation.postprocessing import Postprocessing
 from ray.rllib.utils.lambda_defaultdict import LambdaDefaultDict
 
 from raylab.metrics import schema as S
+from raylab.metrics import trace
 from raylab.metrics import tracker as stats_tracker
 from raylab.metrics.timeline import LEARNER_TRACKER, Timeline, push_partial_state
 
@@ -79,6 +80,12 @@ class _TimedLearnerMixin:
                 last.bias[act_dim:].fill_(cfg["log_std"])
 
     def _init_timeline(self) -> None:
+        import torch
+
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        trace.configure(
+            trace.settings_from(self.config), role=f"learner-{rank}", process_name=f"Learner {rank}"
+        )
         self.timeline = Timeline(
             LEARNER_TRACKER, phases=self._main_phases, wall_tag=S.PERF_ITERATION_TIME
         )
@@ -92,15 +99,21 @@ class _TimedLearnerMixin:
     def before_gradient_based_update(self, *, timesteps):
         super().before_gradient_based_update(timesteps=timesteps)
         if self.timeline.on_owner_thread():
-            self._learning_t0 = time.perf_counter()
+            self._learning_t0 = self._segment_t0 = time.perf_counter()
+            self._segment_c0 = time.thread_time()
             self._staged_s = 0.0
+            self._learning_spans = []  # Learning's intervals around the Replay Stage (traces)
 
     def after_gradient_based_update(self, *, timesteps):
         super().after_gradient_based_update(timesteps=timesteps)
         t0 = getattr(self, "_learning_t0", None)
         if t0 is not None and self.timeline.on_owner_thread():
-            learning = time.perf_counter() - t0 - self._staged_s
-            self.timeline.add(S.PERF_LEARNING_TIME, max(0.0, learning))
+            now = time.perf_counter()
+            learning = now - t0 - self._staged_s
+            spans = self._learning_spans + [
+                (self._segment_t0, now, self._segment_c0, time.thread_time())
+            ]
+            self.timeline.add(S.PERF_LEARNING_TIME, max(0.0, learning), spans=spans)
             self._learning_t0 = None
 
     def _make_batch_if_necessary(self, training_data):
@@ -109,13 +122,16 @@ class _TimedLearnerMixin:
         if not self.timeline.on_owner_thread():
             with self.timeline.background(S.PERF_LEARNER_INGEST_MS):
                 return super()._make_batch_if_necessary(training_data)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             with self.timeline.phase(S.PERF_LEARNER_REPLAY_STAGE_MS):
                 return super()._make_batch_if_necessary(training_data)
         finally:
             if getattr(self, "_learning_t0", None) is not None:
-                self._staged_s += time.perf_counter() - t0
+                now = time.perf_counter()
+                self._staged_s += now - t0
+                self._learning_spans.append((self._segment_t0, t0, self._segment_c0, c0))
+                self._segment_t0, self._segment_c0 = now, time.thread_time()
 
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
         loss = super().compute_loss_for_module(
@@ -171,16 +187,19 @@ class RaylabPPOLearner(_TimedLearnerMixin, PPOTorchLearner):
     def update(self, *args, training_data=None, **kwargs):
         # The request thread is this loop's thread; the gap since the previous update is the
         # time the learner waited for the EnvRunners.
-        self.timeline.bind_to_current_thread()
+        self.timeline.bind_to_current_thread("learner (update requests: main timeline)")
         if self._last_update_end is not None:
+            now, end = time.perf_counter(), self._last_update_end
             self.timeline.add(
-                S.PERF_LEARNER_COLLECTOR_WAIT_MS, time.perf_counter() - self._last_update_end
+                S.PERF_LEARNER_COLLECTOR_WAIT_MS,
+                now - end[0],
+                spans=[(end[0], now, end[1], time.thread_time())],
             )
         if training_data is not None:
             with self.timeline.phase(S.PERF_LEARNER_EPISODE_TRANSFER_MS):
                 training_data.solve_refs()
         result = super().update(*args, training_data=training_data, **kwargs)
-        self._last_update_end = time.perf_counter()
+        self._last_update_end = (time.perf_counter(), time.thread_time())
         return result
 
     def after_gradient_based_update(self, *, timesteps):
@@ -211,7 +230,7 @@ class _TimedCircularBuffer(CircularBuffer):
     def get(self, block=True, timeout=None):
         tl = self._timeline
         if not tl.is_bound():
-            tl.bind_to_current_thread()
+            tl.bind_to_current_thread("learner thread (main timeline)")
         tl.boundary()
         with tl.phase(S.PERF_LEARNER_COLLECTOR_WAIT_MS):
             with self._ready:
@@ -253,6 +272,9 @@ class RaylabAPPOLearner(_TimedLearnerMixin, APPOTorchLearner):
     def update(self, training_data, **kwargs):
         # Request thread: resolve the episodes from the object store. It overlaps the learner
         # thread, so it is a background diagnostic, never part of the learner's wall time.
+        if not getattr(self, "_request_track_named", False):
+            trace.name_thread("update requests (ingest, background)")
+            self._request_track_named = True
         with self.timeline.background(S.PERF_LEARNER_INGEST_MS):
             training_data.solve_refs()
         return super().update(training_data, **kwargs)

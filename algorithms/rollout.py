@@ -32,6 +32,20 @@ import torch
 from ray.rllib.core.columns import Columns
 
 from raylab.metrics import schema as S
+from raylab.metrics import trace
+from raylab.metrics.timeline import label
+
+# A traced Env Step's nested parts: (schema tag, indices into the env's last_step_marks).
+_NESTED_SPANS = (
+    (S.PERF_COLLECTOR_ACTION_VALIDATE_MS, 0, 1),
+    (S.PERF_COLLECTOR_RESET_DONE_MS, 1, 2),
+    (S.PERF_COLLECTOR_APPLY_ACTION_MS, 2, 3),
+    (S.PERF_COLLECTOR_BACKEND_STEP_MS, 3, 4),
+    (S.PERF_COLLECTOR_UPDATE_STATE_MS, 4, 5),
+    (S.PERF_COLLECTOR_RESET_DONE_MS, 5, 6),
+)
+_INFER, _STEP = label(S.PERF_COLLECTOR_MLP_INFER_MS), label(S.PERF_COLLECTOR_ENV_STEP_MS)
+_NESTED_LABELS = tuple((label(tag), a, b) for tag, a, b in _NESTED_SPANS)
 
 
 @dataclass
@@ -117,6 +131,8 @@ class RolloutLoop:
         cap = int(steps) if steps is not None else -(-int(min_transitions) // n) + 2
         buf = _Buffers(cap, n, np.asarray(self.obs), self.low.shape, with_logp)
         t, collected = 0, 0
+        tracer = trace.active()
+        nested = trace.nested_track() if tracer is not None else None
         while (t < steps) if steps is not None else (collected < min_transitions):
             if t == buf.capacity:
                 buf.grow()
@@ -148,6 +164,14 @@ class RolloutLoop:
             self.prev_done = np.logical_or(term, trunc)
             buf.infer_ms[t] = (t1 - t0) * 1000.0
             buf.step_ms[t] = (t2 - t1) * 1000.0
+            if tracer is not None:
+                tracer.complete(_INFER, t0, t1, "collector")
+                tracer.complete(_STEP, t1, t2, "collector")
+                marks = getattr(self.env, "last_step_marks", None)
+                if marks is not None:
+                    for name, a, b in _NESTED_LABELS:
+                        if marks[b] > marks[a]:
+                            tracer.complete(name, marks[a], marks[b], "nested", track=nested)
             t += 1
         if self.tracker is not None:  # per step, recorded once per fragment
             self.tracker.scalar_series(

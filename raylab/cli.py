@@ -1,4 +1,4 @@
-"""The ``raylab`` command: train, eval, tune, bench, metrics.
+"""The ``raylab`` command: train, eval, plot, trace, tune, bench, metrics.
 
 Flags are parsed by argparse; configuration overrides (``algo.lr=3e-4``) are composed by
 ``raylab.config`` with OmegaConf. A user mistake ends with one line on stderr and exit code 2.
@@ -144,6 +144,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_plot)
 
+    # trace
+    p = sub.add_parser(
+        "trace",
+        help="merge a traced run's per-process trace files into one Perfetto timeline",
+        description="Merge the trace-event files a run wrote with training.trace_enabled=true "
+        "(one per process) into <trace dir>/merged.json for ui.perfetto.dev or "
+        "chrome://tracing, and print where the time went per process and track.",
+        formatter_class=_Formatter,
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory of a traced run")
+    p.set_defaults(func=_cmd_trace)
+
     # tune
     p = sub.add_parser(
         "tune",
@@ -240,6 +252,12 @@ def _cmd_plot(args) -> int:
 
     plot_runs(args.run_dirs, args.out, baselines=not args.no_baselines)
     return 0
+
+
+def _cmd_trace(args) -> int:
+    from raylab.metrics.trace_merge import main as trace_main
+
+    return trace_main(args.run_dir)
 
 
 def _cmd_tune(args) -> int:

@@ -96,12 +96,23 @@ class TrainingConfig:
         "step per vector step, episodes built once per fragment); false: RLlib's own EnvRunner "
         "loop; null: on for raylab tasks, off for Gymnasium ids (which it does not support)",
     )
-    # The metric contract's trace options. Traces are not written yet, so any value but the
-    # default is refused when the config is composed (_check_unsupported) rather than ignored.
-    trace_enabled: bool = option(False, "Perfetto / Chrome traces (not available yet: keep false)")
-    trace_output_dir: Optional[str] = option(None, "trace folder (not available yet: keep null)")
-    trace_thread_time: bool = option(False, "thread CPU time in traces (not available yet)")
-    trace_cuda_events: bool = option(False, "CUDA events in traces (not available yet)")
+    # The metric contract's trace options (raylab.metrics.trace).
+    trace_enabled: bool = option(
+        False,
+        "Perfetto / Chrome trace-event files of every phase, one per process (raylab trace "
+        "RUN_DIR merges them)",
+    )
+    trace_output_dir: Optional[str] = option(
+        None, "trace folder (null: <run_dir>/traces); needs trace_enabled"
+    )
+    trace_thread_time: bool = option(
+        False, "thread CPU time (thread_cpu_ms) on every traced phase; needs trace_enabled"
+    )
+    trace_cuda_events: bool = option(
+        False,
+        "time the learner's device work with CUDA events on a CUDA track; needs trace_enabled "
+        "and GPU learners (refused on CPU)",
+    )
 
 
 # ------------------------------------------------------------------------------------ algos
@@ -434,22 +445,18 @@ def _check_privileged_obs(cfg: DictConfig) -> None:
 # episode look like the last one of this) and empty vector infos (its DictInfoToList connector
 # asserts on per-env info arrays).
 RLLIB_ENV_OPTIONS = {"autoreset_mode": "next_step", "info_mode": "none"}
-TRACE_DEFAULTS = {
-    "trace_enabled": False,
-    "trace_output_dir": None,
-    "trace_thread_time": False,
-    "trace_cuda_events": False,
-}
+TRACE_OPTIONS = ("trace_output_dir", "trace_thread_time", "trace_cuda_events")
 
 
 def _check_unsupported(cfg: DictConfig, spec: TaskSpec) -> None:
     """Options that would be accepted and then fail or do nothing: refused with one line."""
-    for key, default in TRACE_DEFAULTS.items():
-        if cfg.training[key] != default:
-            raise UserError(
-                f"training.{key}={_text(cfg.training[key])}: traces are not available in this "
-                f"version of raylab; leave training.{key}={_text(default)}"
-            )
+    if not cfg.training.trace_enabled:
+        for key in TRACE_OPTIONS:
+            if cfg.training[key] not in (None, False):
+                raise UserError(
+                    f"training.{key}={_text(cfg.training[key])} does nothing without "
+                    "training.trace_enabled=true; set both, or drop it"
+                )
     for key, needed in RLLIB_ENV_OPTIONS.items():
         if key in cfg.env and cfg.env[key] != needed:
             raise UserError(

@@ -61,7 +61,22 @@ def quiet_logs() -> None:
     route_mujoco_warnings()
 
 
+_FAST_EXIT_HOOKS: list = []
+
+
+def on_fast_exit(hook) -> None:
+    """Run ``hook()`` before a SIGTERM ends this process at once (files that must be closed:
+    a trace's JSON array); atexit handlers do not run there."""
+    if hook not in _FAST_EXIT_HOOKS:
+        _FAST_EXIT_HOOKS.append(hook)
+
+
 def _exit_at_once(signum, frame) -> None:
+    for hook in _FAST_EXIT_HOOKS:
+        try:
+            hook()
+        except Exception:
+            pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

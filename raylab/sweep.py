@@ -62,6 +62,12 @@ class SweepSpec:
             if key in budget:
                 self.overrides.append(f"training.{key}={budget[key]}")
         self.base = compose(self.algo, self.task, self.sim, self.overrides)  # validates
+        if self.base.training.trace_enabled:
+            raise UserError(
+                "training.trace_enabled=true: traces are written per run (raylab train); a "
+                "sweep's trials would share one trace folder. Trace the best trial's config "
+                "with raylab train instead"
+            )
         keys = [k for k, _ in iter_keys(self.base)]
         self.search: Dict[str, Dict[str, Any]] = data.get("search") or {}
         if not isinstance(self.search, dict) or not self.search:

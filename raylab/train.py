@@ -178,6 +178,12 @@ def prepare(cfg: DictConfig):
 
     resources = init_ray(cfg)
     gpus = resolve_num_gpus_per_learner(cfg, resources.get("GPU", 0.0))
+    if cfg.training.trace_cuda_events and not gpus:
+        raise UserError(
+            "training.trace_cuda_events=true needs GPU learners; this run's learners are on "
+            f"CPU (the cluster has {resources.get('GPU', 0.0):g} GPU), where there are no CUDA "
+            "events to time: drop it (trace_enabled alone traces every phase)"
+        )
     algo_config = build_algorithm_config(cfg, num_gpus_per_learner=gpus)
     trainable = algorithm_class(cfg.algo.name)
     check_resources(cfg, trainable, algo_config)
@@ -189,6 +195,7 @@ def run_training(cfg: DictConfig, run_dir: Path, resume: bool = False, prepared=
     from ray import tune
 
     from raylab.algorithms.env_errors import BOARD_ATTR, board_name, create_board
+    from raylab.metrics import trace
     from raylab.reporting import BudgetStopper, RaylabTuneCallback, StopRequest
     from raylab.terminal import make_reporter
 
@@ -196,6 +203,7 @@ def run_training(cfg: DictConfig, run_dir: Path, resume: bool = False, prepared=
     # The env-error board lives with this driver (raylab.algorithms.env_errors); its name is
     # the run directory's, so a resumed experiment's saved config names the same one.
     setattr(algo_config, BOARD_ATTR, board_name(run_dir.resolve()))
+    setattr(algo_config, trace.CONFIG_ATTR, trace_settings(cfg, run_dir))
     board = create_board(getattr(algo_config, BOARD_ATTR))  # noqa: F841  (kept alive)
     config_dict = to_dict(cfg)
     StopRequest.install()
@@ -248,6 +256,19 @@ def run_training(cfg: DictConfig, run_dir: Path, resume: bool = False, prepared=
     finally:
         if reporter is not None:
             reporter.close()  # stop the live panel (also on Ctrl-C), print the summary
+
+
+def trace_settings(cfg: DictConfig, run_dir: Path) -> Optional[dict]:
+    """What every traced process needs (raylab.metrics.trace); None with tracing off."""
+    t = cfg.training
+    if not t.trace_enabled:
+        return None
+    out = Path(t.trace_output_dir).expanduser() if t.trace_output_dir else run_dir / "traces"
+    return {
+        "dir": str(out.absolute()),
+        "thread_time": bool(t.trace_thread_time),
+        "cuda_events": bool(t.trace_cuda_events),
+    }
 
 
 def train(

@@ -131,10 +131,10 @@ BAD = [
     # and then failing in the EnvRunners (or doing nothing).
     (["env.info_mode=full"], ["env.info_mode=full", "RLlib", "env.info_mode=none"]),
     (["env.autoreset_mode=same_step"], ["same_step", "env.autoreset_mode=next_step"]),
-    (["training.trace_enabled=true"], ["training.trace_enabled=true", "not available"]),
-    (["training.trace_output_dir=/tmp/t"], ["training.trace_output_dir=/tmp/t", "=null"]),
-    (["training.trace_thread_time=true"], ["training.trace_thread_time=true"]),
-    (["training.trace_cuda_events=true"], ["training.trace_cuda_events=true"]),
+    # Trace options other than trace_enabled do nothing without it.
+    (["training.trace_output_dir=/tmp/t"], ["trace_output_dir=/tmp/t", "trace_enabled=true"]),
+    (["training.trace_thread_time=true"], ["trace_thread_time=true", "trace_enabled=true"]),
+    (["training.trace_cuda_events=true"], ["trace_cuda_events=true", "trace_enabled=true"]),
     (["env.kwargs.foo=1"], ["env.kwargs.foo", "microduck_balance has no option 'foo'"]),
     (["env.kwargs.num_pushes=1"], ["env.kwargs.num_pushes", "env.num_pushes"]),
     (["--task", "Pendulum-v1", "env.kwargs.foo=1"], ["Pendulum-v1", "unexpected keyword", "foo"]),

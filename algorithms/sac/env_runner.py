@@ -12,10 +12,9 @@ import ray
 from raylab.algorithms.env_runner import RaylabEnvRunner, one_torch_thread
 from raylab.algorithms.rollout import RolloutLoop
 from raylab.metrics import schema as S
+from raylab.metrics import trace
 from raylab.metrics import tracker as stats_tracker
-from raylab.metrics.timeline import (
-    COLLECTOR_TRACKER,
-)
+from raylab.metrics.timeline import COLLECTOR_TRACKER, label
 
 SAMPLE_TAG = "raylab_sample"
 
@@ -51,6 +50,7 @@ class RaylabSACEnvRunner(RaylabEnvRunner):
             self._fast_init()
         tracker = stats_tracker.get(COLLECTOR_TRACKER)
         t_start = time.perf_counter()
+        self._trace_sample_thread()
         if weights is not None and version > self._weights_version:
             state = ray.get(weights) if isinstance(weights, ray.ObjectRef) else weights
             self.module.set_state(state)
@@ -94,6 +94,9 @@ class RaylabSACEnvRunner(RaylabEnvRunner):
             ray.put({k: v[i::num_shards] for k, v in arrays.items()}) for i in range(num_shards)
         ]
         t4 = time.perf_counter()
+        trace.complete(label(S.PERF_COLLECTOR_TRANSITION_EXTRACT_MS), t_extract, t3, "collector")
+        trace.complete(label(S.PERF_COLLECTOR_REPLAY_WRITE_MS), t3, t4, "collector")
+        trace.complete(label(S.PERF_COLLECTION_TIME), t_start, t4, "collector")
         tracker.scalar(
             **{
                 S.PERF_COLLECTOR_TRANSITION_EXTRACT_MS: (t3 - t_extract) * 1000.0,
@@ -108,7 +111,9 @@ class RaylabSACEnvRunner(RaylabEnvRunner):
         record_env_log(self, self.metrics)
         metrics = self.get_metrics()
         # Metrics Publish of this request travels with the next one (this export is done).
-        tracker.scalar(**{S.PERF_COLLECTOR_METRICS_PUBLISH_MS: (time.perf_counter() - t4) * 1000.0})
+        t5 = time.perf_counter()
+        tracker.scalar(**{S.PERF_COLLECTOR_METRICS_PUBLISH_MS: (t5 - t4) * 1000.0})
+        trace.complete(label(S.PERF_COLLECTOR_METRICS_PUBLISH_MS), t4, t5, "collector")
         return {
             "shards": shards,
             "count": count,

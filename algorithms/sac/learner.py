@@ -19,6 +19,7 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from raylab.algorithms.sac.replay import DeviceReplay
 from raylab.algorithms.sac.update import SACParts, sac_losses, sac_update
 from raylab.metrics import schema as S
+from raylab.metrics import trace
 from raylab.metrics import tracker as stats_tracker
 from raylab.metrics.timeline import (
     LEARNER_TRACKER,
@@ -63,6 +64,10 @@ class RaylabSACLearner(SACLearner, TorchLearner):
     def build(self) -> None:
         super().build()
         cfg = self.config
+        rank = int(os.environ.get("RANK", "0"))
+        trace.configure(
+            trace.settings_from(cfg), role=f"learner-{rank}", process_name=f"Learner {rank}"
+        )
         if self.device.type == "cpu":
             torch.set_num_threads(max(1, int(cfg.learner_torch_threads)))
         # The update thread logs while the request thread reduces: RLlib's MetricsLogger has no
@@ -134,6 +139,9 @@ class RaylabSACLearner(SACLearner, TorchLearner):
     def ingest(self, shard_refs: List[Any], runner_version: int) -> Dict[str, Any]:
         """Add one EnvRunner result's shard (this rank's) to the device replay."""
         ref = shard_refs[self._rank % len(shard_refs)]
+        if not getattr(self, "_ingest_track_named", False):
+            trace.name_thread("ingest requests (replay ingress, background)")
+            self._ingest_track_named = True
         with self.timeline.background(S.PERF_REPLAY_INGRESS_H2D_SUBMIT_MS):
             batch = ray.get(ref) if isinstance(ref, ray.ObjectRef) else ref
             with self._replay_lock:
@@ -198,7 +206,7 @@ class RaylabSACLearner(SACLearner, TorchLearner):
     # ---- update loop (background thread) -------------------------------------------------
     def _loop(self) -> None:
         tl = self.timeline
-        tl.bind_to_current_thread()
+        tl.bind_to_current_thread("SAC update thread (main timeline)")
         batch = None
         try:
             while not self._stop:

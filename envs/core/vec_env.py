@@ -316,6 +316,8 @@ class BatchedVecEnv(VectorEnv, abc.ABC):
             obs[done_ids] = self.observations.compute(self)[done_ids]
         t6 = time.perf_counter()
         self._step_time_sums += (t1 - t0, t3 - t2, t4 - t3, t5 - t4, (t2 - t1) + (t6 - t5))
+        # The parts' intervals of this call, for a caller's trace (STEP_PART_SPANS).
+        self.last_step_marks = (t0, t1, t2, t3, t4, t5, t6)
         self._timed_steps += 1
         return obs, reward, terminated, truncated, info
 

@@ -568,6 +568,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "Wall time of the evaluation that ran in this iteration (its episodes on the "
         "evaluation EnvRunner); reported with the Eval/* tags, not a learner phase",
         kind="runner",
+        label="Eval Time",
     ),
     _spec(
         PERF_ENV_RUNNER_RESTARTS,

@@ -16,8 +16,10 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Dict, Iterable, Iterator, Optional, Tuple
 
+from raylab.metrics import schema as S
+from raylab.metrics import trace
 from raylab.metrics import tracker as stats_tracker
 
 RAYLAB_KEY = "raylab"
@@ -46,6 +48,12 @@ def pull_final_stats(result: dict, where: str, tracker_name: str) -> Dict[str, f
     return {k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in merged.items()}
 
 
+def label(tag: str) -> str:
+    """The schema's short label of a canonical tag (a trace event's name)."""
+    spec = S.TAGS.get(tag)
+    return spec.label if spec is not None and spec.label else tag
+
+
 def to_unit(tag: str, seconds: float) -> float:
     """Seconds in the unit of a canonical tag: milliseconds for ``_ms`` tags, else seconds."""
     return seconds * 1000.0 if tag.endswith("_ms") else seconds
@@ -58,6 +66,9 @@ class Timeline:
     the closed iteration as {phase: seconds, "wall": seconds}. ``phase(name)`` times a block
     inside the open iteration. Calls from threads other than the owner are ignored by
     ``phase`` (use ``background`` for work on other threads).
+
+    With tracing on (:mod:`raylab.metrics.trace`) every iteration, phase occurrence and
+    background block is also one trace event, named by the tag's schema label.
     """
 
     def __init__(
@@ -74,8 +85,13 @@ class Timeline:
         self._start: Optional[float] = None
         self._phases: Dict[str, float] = {}
 
-    def bind_to_current_thread(self) -> None:
+    def bind_to_current_thread(self, track: Optional[str] = None) -> None:
+        """The calling thread owns the timeline from now; ``track`` names its trace track."""
+        if self._owner is threading.current_thread():
+            return
         self._owner = threading.current_thread()
+        if track:
+            trace.name_thread(track)
 
     def on_owner_thread(self) -> bool:
         return self._owner is None or threading.current_thread() is self._owner
@@ -89,24 +105,51 @@ class Timeline:
         if not self.on_owner_thread():
             yield
             return
+        tracer = trace.active()
+        c0 = time.thread_time() if tracer is not None and tracer.thread_time else None
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            self._phases[tag] = self._phases.get(tag, 0.0) + (time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            self._phases[tag] = self._phases.get(tag, 0.0) + (t1 - t0)
+            if tracer is not None and self._start is not None:  # inside a measured iteration
+                tracer.complete(label(tag), t0, t1, "phase", args=_cpu_args(c0))
 
-    def add(self, tag: str, seconds: float) -> None:
-        """Add a phase duration measured elsewhere (e.g. an idle gap between two calls)."""
+    def add(
+        self,
+        tag: str,
+        seconds: float,
+        spans: Optional[Iterable[Tuple[float, ...]]] = None,
+    ) -> None:
+        """Add a phase duration measured elsewhere (e.g. an idle gap between two calls). For a
+        trace, ``spans`` are its (start, end) ``perf_counter`` intervals, optionally with the
+        thread times (``time.thread_time``) at both ends; by default one interval ending now."""
         self._phases[tag] = self._phases.get(tag, 0.0) + seconds
+        tracer = trace.active()
+        if tracer is not None and self._start is not None:  # inside a measured iteration
+            if spans is None:
+                now = time.perf_counter()
+                spans = [(now - seconds, now)]
+            for span in spans:
+                args = None
+                if tracer.thread_time and len(span) == 4:
+                    args = {"thread_cpu_ms": round((span[3] - span[2]) * 1e3, 3)}
+                tracer.complete(label(tag), span[0], span[1], "phase", args=args)
 
     @contextmanager
     def background(self, tag: str) -> Iterator[None]:
         """Time work that overlaps the main loop (recorded, never part of the wall sum)."""
+        tracer = trace.active()
+        c0 = time.thread_time() if tracer is not None and tracer.thread_time else None
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            self.tracker.scalar(**{tag: to_unit(tag, time.perf_counter() - t0)})
+            t1 = time.perf_counter()
+            self.tracker.scalar(**{tag: to_unit(tag, t1 - t0)})
+            if tracer is not None:
+                tracer.complete(label(tag), t0, t1, "background", args=_cpu_args(c0))
 
     def boundary(self) -> Optional[Dict[str, float]]:
         """Close the open iteration, record it, and open the next one.
@@ -122,6 +165,14 @@ class Timeline:
             closed = {tag: self._phases.get(tag, 0.0) for tag in self.phases}
             closed[self.wall_tag] = now - self._start
             self.tracker.scalar(**{tag: to_unit(tag, secs) for tag, secs in closed.items()})
+            trace.complete(label(self.wall_tag), self._start, now, "iteration")
         self._start = now
         self._phases = {}
         return closed
+
+
+def _cpu_args(c0: Optional[float]) -> Optional[Dict[str, float]]:
+    """``thread_cpu_ms`` of a block that started at thread time c0 (``trace_thread_time``)."""
+    if c0 is None:
+        return None
+    return {"thread_cpu_ms": round((time.thread_time() - c0) * 1e3, 3)}

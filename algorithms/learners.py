@@ -36,7 +36,7 @@ from ray.rllib.utils.lambda_defaultdict import LambdaDefaultDict
 from raylab.metrics import schema as S
 from raylab.metrics import trace
 from raylab.metrics import tracker as stats_tracker
-from raylab.metrics.timeline import LEARNER_TRACKER, Timeline, push_partial_state
+from raylab.metrics.timeline import LEARNER_TRACKER, Timeline, label, push_partial_state
 
 
 class _TimedLearnerMixin:
@@ -103,6 +103,8 @@ class _TimedLearnerMixin:
             self._segment_c0 = time.thread_time()
             self._staged_s = 0.0
             self._learning_spans = []  # Learning's intervals around the Replay Stage (traces)
+            tracer = trace.active()
+            self._learning_cuda = tracer.cuda.start() if tracer and tracer.cuda else None
 
     def after_gradient_based_update(self, *, timesteps):
         super().after_gradient_based_update(timesteps=timesteps)
@@ -115,6 +117,9 @@ class _TimedLearnerMixin:
             ]
             self.timeline.add(S.PERF_LEARNING_TIME, max(0.0, learning), spans=spans)
             self._learning_t0 = None
+            tracer = trace.active()
+            if self._learning_cuda is not None and tracer is not None and tracer.cuda:
+                tracer.cuda.end(label(S.PERF_LEARNING_TIME), self._learning_cuda)
 
     def _make_batch_if_necessary(self, training_data):
         # RLlib 2.60 has no public hook around the learner connector (episodes -> train

@@ -252,3 +252,49 @@ def test_background_and_nested_work_sit_on_their_own_tracks(traced):
     (ingest,) = by_name[label(S.PERF_LEARNER_INGEST_MS)]
     assert ingest not in by_name["Learning"]
     assert "background" in threads[ingest]
+
+
+class _FakeCudaEvent:
+    """Stands in for torch.cuda.Event: there is no GPU on this machine, so the CUDA-event
+    path is checked against a fake device clock (the only mock in this file)."""
+
+    clock_ms = 0.0
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+        self.at = None
+
+    def record(self):
+        _FakeCudaEvent.clock_ms += 1.5  # the device runs 1.5 ms between any two records
+        self.at = _FakeCudaEvent.clock_ms
+
+    def synchronize(self):
+        pass
+
+    def query(self):
+        return self.at is not None
+
+    def elapsed_time(self, other):
+        return other.at - self.at
+
+
+def test_cuda_events_put_device_time_on_a_cuda_track(tmp_path):
+    import types
+
+    trace.shutdown()
+    trace.configure({"dir": str(tmp_path)}, "gpu", "GPU learner")
+    tracer = trace.active()
+    tracer.cuda = trace.CudaEvents(tracer, types.SimpleNamespace(Event=_FakeCudaEvent))
+    tl = Timeline("trace_cuda", S.LEARNER_MAIN_PHASES["sac"], S.PERF_ITERATION_TIME)
+    tl.boundary()
+    for _ in range(3):
+        with tl.phase(S.PERF_LEARNING_TIME):
+            pass
+    tl.boundary()
+    trace.shutdown()
+    events = load_events(next(tmp_path.glob("*.trace.json")))
+    cuda = [e for e in events if e.get("cat") == "cuda"]
+    assert [e["name"] for e in cuda] == ["Learning"] * 3
+    assert all(abs(e["dur"] - 1500.0) < 1e-6 for e in cuda)  # 1.5 ms of device time each
+    assert len({e["tid"] for e in cuda}) == 1
+    assert names(events)[1][(os.getpid(), cuda[0]["tid"])].startswith("CUDA")

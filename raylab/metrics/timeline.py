@@ -107,6 +107,7 @@ class Timeline:
             return
         tracer = trace.active()
         c0 = time.thread_time() if tracer is not None and tracer.thread_time else None
+        cuda = tracer.cuda.start() if tracer is not None and tracer.cuda is not None else None
         t0 = time.perf_counter()
         try:
             yield
@@ -115,6 +116,8 @@ class Timeline:
             self._phases[tag] = self._phases.get(tag, 0.0) + (t1 - t0)
             if tracer is not None and self._start is not None:  # inside a measured iteration
                 tracer.complete(label(tag), t0, t1, "phase", args=_cpu_args(c0))
+                if cuda is not None:
+                    tracer.cuda.end(label(tag), cuda)
 
     def add(
         self,

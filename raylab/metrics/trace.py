@@ -52,6 +52,7 @@ class Tracer:
         self.pid = os.getpid()
         self.role = role
         self.thread_time = bool(thread_time)
+        self.cuda: Optional[CudaEvents] = None  # set by configure() with trace_cuda_events
         self.path = Path(out_dir) / f"{role}-{self.pid}{FILE_SUFFIX}"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._offset_us = time.time() * 1e6 - time.perf_counter() * 1e6
@@ -179,6 +180,46 @@ class Tracer:
             self._closed = True
 
 
+class CudaEvents:
+    """Device work timed with CUDA events (``training.trace_cuda_events``, GPU learners only).
+
+    Around each traced phase of a timeline a pair of timing events is recorded on the current
+    stream; once the device has passed the second (polled without blocking), the interval the
+    device spent between them becomes a complete event on this process's ``CUDA`` track,
+    placed on the trace clock through a reference event synchronised when tracing started.
+    """
+
+    TRACK = 2_000_000_000  # the CUDA track's thread id
+
+    def __init__(self, tracer: "Tracer", cuda: Any):
+        self.tracer, self.cuda = tracer, cuda
+        self.ref = cuda.Event(enable_timing=True)
+        self.ref.record()
+        self.ref.synchronize()
+        self.ref_perf = time.perf_counter()
+        self.pending: List[Any] = []
+        tracer.name_thread("CUDA (device time of each phase)", tid=self.TRACK)
+
+    def start(self) -> Any:
+        event = self.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def end(self, name: str, start: Any) -> None:
+        end = self.cuda.Event(enable_timing=True)
+        end.record()
+        self.pending.append((name, start, end))
+        self.poll()
+
+    def poll(self) -> None:
+        """Emit the pairs the device has completed (in order; never waits)."""
+        while self.pending and self.pending[0][2].query():
+            name, start, end = self.pending.pop(0)
+            t0 = self.ref_perf + self.ref.elapsed_time(start) / 1e3  # elapsed_time: ms
+            t1 = t0 + start.elapsed_time(end) / 1e3
+            self.tracer.complete(name, t0, t1, "cuda", track=self.TRACK)
+
+
 # ---------------------------------------------------------------------- the process's tracer
 
 _TRACER: Optional[Tracer] = None
@@ -193,6 +234,11 @@ def configure(settings: Optional[Dict[str, Any]], role: str, process_name: str) 
     _TRACER = Tracer(
         settings["dir"], role, process_name, thread_time=bool(settings.get("thread_time"))
     )
+    if settings.get("cuda_events"):
+        import torch
+
+        if torch.cuda.is_available():  # the GPU learners; EnvRunners have no device work
+            _TRACER.cuda = CudaEvents(_TRACER, torch.cuda)
     atexit.register(shutdown)
     on_fast_exit(shutdown)  # raylab.quiet's SIGTERM exit skips atexit
 

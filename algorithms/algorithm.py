@@ -28,7 +28,6 @@ from ray.rllib.algorithms.ppo import PPO
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, EVALUATION_RESULTS
 
 from raylab.algorithms.env_errors import EnvErrorPolicy
-from raylab.metrics import schema as S
 from raylab.metrics import trace
 from raylab.quiet import quiet_actor
 
@@ -88,42 +87,47 @@ class RaylabAlgorithmMixin(EnvErrorPolicy):
 
     def training_step(self):
         with trace.span("Training Step", "driver"):
-            return super().training_step()
+            out = super().training_step()
+        self.note_in_flight()
+        return out
 
-    def evaluate(self, *args, **kwargs):
-        with trace.span("Evaluation", "driver"):
-            return super().evaluate(*args, **kwargs)
+    # -- sample requests in flight (the runtime manifest's inference_flight) ----------------
+    # Each EnvRunner runs its own policy inference, so a sample request in flight is the
+    # collectors' inference flight. The tag of the algorithm's asynchronous sample requests
+    # (None: it samples synchronously, one request per healthy EnvRunner during each call).
+    _sample_tag: Optional[str] = None
 
-    # -- the window and the best evaluation, per result ------------------------------------
-    def update_progress(self, result: Dict[str, Any]) -> None:
-        """Write the window means and the evaluation tags into ``result`` (called from the
-        ``on_train_result`` callback, before Tune's stopper and scheduler see the result)."""
-        runners = result.get(ENV_RUNNER_RESULTS, {})
-        items = runners.pop(EPISODES_KEY, None) if isinstance(runners, dict) else None
-        if isinstance(items, tuple):  # RLlib hands a lone item over unwrapped
-            items = [items]
-        if isinstance(items, list):
-            self.reward_window.extend(i for i in items if isinstance(i, tuple) and len(i) == 2)
-        means = self.reward_window.means()
-        # NaN until the first episode completes: the driver omits non-finite values.
-        mean_return, mean_length = means if means is not None else (float("nan"),) * 2
-        result[S.TRAIN_MEAN_REWARD] = mean_return
-        result[S.TRAIN_MEAN_EPISODE_LENGTH] = mean_length
+    def note_in_flight(self) -> None:
+        """Count the sample requests in flight (called after every training step)."""
+        group = getattr(self, "env_runner_group", None)
+        if group is None:
+            return
+        if self._sample_tag is None:
+            now, peak = 0, int(group.num_healthy_remote_env_runners())
+        else:
+            now = peak = int(group.num_in_flight_async_reqs(tag=self._sample_tag))
+        self._flight_now = now
+        self._flight_max = max(getattr(self, "_flight_max", 0), peak)
 
-        # RLlib carries the last evaluation's results into every later result: keep only an
-        # evaluation that ran in this iteration.
-        interval = self.config.evaluation_interval
-        if not (interval and self.iteration % interval == 0):
-            result.pop(EVALUATION_RESULTS, None)
-        # The best evaluation of a trained policy (the initial policy's, before training, is no
-        # checkpoint's): a new best asks Tune to checkpoint this iteration.
-        score = eval_tags(result.get(EVALUATION_RESULTS)).get(S.EVAL_MEAN_REWARD)
-        best = self.best_eval
-        if score is not None and (best is None or score > best["score"]):
-            self._best_eval = {"score": score, "iteration": int(self.iteration)}
-            result["should_checkpoint"] = True
-        if self.best_eval is not None:
-            result[BEST_EVAL_KEY] = dict(self.best_eval)
+    def flight_report(self) -> Dict[str, int]:
+        """In flight now, the most since the previous report (then reset), and the limit."""
+        now = int(getattr(self, "_flight_now", 0))
+        report = {
+            "in_flight": now,
+            "max_in_flight": int(max(getattr(self, "_flight_max", 0), now)),
+            "limit": self.in_flight_limit(),
+        }
+        self._flight_max = now
+        return report
+
+    def in_flight_limit(self) -> int:
+        """Sample requests allowed in flight at once: RLlib's per-EnvRunner limit for
+        asynchronous sampling, one per EnvRunner for synchronous sampling."""
+        group = getattr(self, "env_runner_group", None)
+        runners = group.num_remote_env_runners() if group is not None else 0
+        if self._sample_tag is None:
+            return runners
+        return int(self.config.max_requests_in_flight_per_env_runner) * runners
 
     # -- evaluation of the initial policy --------------------------------------------------
     def step(self):
@@ -171,3 +175,5 @@ class RaylabPPO(RaylabAlgorithmMixin, PPO):
 
 class RaylabAPPO(RaylabAlgorithmMixin, APPO):
     """RLlib's APPO with raylab's reward window and evaluation bookkeeping."""
+
+    _sample_tag = "sample_get_state_and_metrics"  # IMPALA.training_step's request tag

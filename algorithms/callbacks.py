@@ -26,6 +26,8 @@ STEP_PART_TAGS = {
 
 # Result key of the actor placement the driver turns into the runtime manifest.
 RUNTIME_KEY = "raylab_runtime"
+# Result key of the per-result flow figures of the manifest (in flight, ring, ingress, updates).
+FLOW_KEY = "raylab_flow"
 
 
 class RaylabCallbacks(RLlibCallback):
@@ -40,6 +42,7 @@ class RaylabCallbacks(RLlibCallback):
             update(result)
         # Attach actor placement for the runtime manifest on the first result and after any
         # EnvRunner restart (the driver's Tune callback turns it into the manifest).
+        result[FLOW_KEY] = runtime_flow(algorithm)
         restarts = result.get("fault_tolerance", {}).get("num_remote_worker_restarts", 0)
         if self._runtime_key != restarts:
             result[RUNTIME_KEY] = {**runtime_info(algorithm), "restarts": restarts}
@@ -81,6 +84,21 @@ def record_env_log(env_runner, metrics_logger) -> None:
     push_partial_state(metrics_logger, COLLECTOR_TRACKER)
 
 
+def runtime_flow(algorithm) -> dict:
+    """Sample requests in flight (since the previous report) and each Learner's status
+    (lifetime updates, its ring): the runtime manifest's per-result fields."""
+    report = getattr(algorithm, "flight_report", None)
+    flight = report() if report is not None else None
+    try:
+        statuses = algorithm.learner_group.foreach_learner(
+            lambda learner: learner.learner_status() if hasattr(learner, "learner_status") else None
+        )
+        learners = [r.get() if hasattr(r, "get") else r for r in statuses]
+    except Exception:  # a Learner being restarted: no status this time
+        learners = []
+    return {"inference_flight": flight, "learners": [s for s in learners if s is not None]}
+
+
 def runtime_info(algorithm) -> dict:
     """Where each EnvRunner and Learner actor runs and on what device (for the manifest)."""
     from raylab.metrics.manifest import actor_placement
@@ -103,7 +121,19 @@ def runtime_info(algorithm) -> dict:
             kind="learner",
         )
 
-    runners = algorithm.env_runner_group.foreach_env_runner(runner_info, local_env_runner=False)
+    def backend_info(runner):
+        env = getattr(runner, "env", None)
+        sim = getattr(getattr(env, "unwrapped", env), "sim", None)
+        return sim.diagnostics() if hasattr(sim, "diagnostics") else None
+
+    group = algorithm.env_runner_group
+    runners = group.foreach_env_runner(runner_info, local_env_runner=False)
+    backends = group.foreach_env_runner(backend_info, local_env_runner=False)
     learners = algorithm.learner_group.foreach_learner(learner_info)
     learners = [r.get() if hasattr(r, "get") else r for r in learners]
-    return {"env_runners": list(runners), "learners": learners}
+    return {
+        "env_runners": list(runners),
+        "learners": learners,
+        # One EnvRunner's physics backend (they are built alike); None for a Gymnasium id.
+        "backend_diagnostics": next((b for b in backends if b is not None), None),
+    }

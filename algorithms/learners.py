@@ -143,6 +143,7 @@ class _TimedLearnerMixin:
             module_id=module_id, config=config, batch=batch, fwd_out=fwd_out
         )
         self._grad_updates = getattr(self, "_grad_updates", 0) + 1
+        self._updates_lifetime = getattr(self, "_updates_lifetime", 0) + 1
         self._record_batch_stats(module_id, batch, loss)
         return loss
 
@@ -166,6 +167,13 @@ class _TimedLearnerMixin:
             if values:
                 self.stats.stat("_valid_steps", "avg", **values)
             self.stats.scalar(**{S.loss_tag("total"): float(loss.detach())})
+
+    def learner_status(self) -> Dict[str, Any]:
+        """Lifetime gradient updates and the learner's ring (the runtime manifest's)."""
+        return {"updates": int(getattr(self, "_updates_lifetime", 0)), "ring": self._ring_status()}
+
+    def _ring_status(self):
+        return None  # PPO trains on each batch as it comes: no ring
 
     def _export_stats(self, min_interval_s: float = 0.0) -> None:
         """Ship the tracker (at most every min_interval_s), with the gradient-update rate."""
@@ -228,6 +236,8 @@ class _TimedCircularBuffer(CircularBuffer):
 
     def put(self, item, block=True, timeout=None):
         dropped = super().put(item, block=block, timeout=timeout)
+        self.puts = getattr(self, "puts", 0) + 1
+        self.high_water = max(getattr(self, "high_water", 0), len(self))
         with self._ready:
             self._ready.notify_all()
         return dropped
@@ -280,9 +290,27 @@ class RaylabAPPOLearner(_TimedLearnerMixin, APPOTorchLearner):
         if not getattr(self, "_request_track_named", False):
             trace.name_thread("update requests (ingest, background)")
             self._request_track_named = True
+        t0 = time.perf_counter()
         with self.timeline.background(S.PERF_LEARNER_INGEST_MS):
             training_data.solve_refs()
+        self._ingest_s = getattr(self, "_ingest_s", 0.0) + time.perf_counter() - t0
+        self._ingest_n = getattr(self, "_ingest_n", 0) + 1
         return super().update(training_data, **kwargs)
+
+    def _ring_status(self):
+        buffer = getattr(self, "_learner_thread_in_queue", None)
+        if not isinstance(buffer, CircularBuffer):
+            return None
+        n = getattr(self, "_ingest_n", 0)
+        return {
+            "kind": "appo_circular_buffer",
+            "unit": "batches",
+            "capacity": int(self.config.circular_buffer_num_batches),
+            "size": len(buffer),
+            "high_water": int(getattr(buffer, "high_water", 0)),
+            "ingested": int(getattr(buffer, "puts", 0)),
+            "ingest_ms_mean": 1000.0 * self._ingest_s / n if n else None,
+        }
 
     def get_state(self, *args, **kwargs):
         if self.timeline.on_owner_thread() and self.timeline.is_bound():

@@ -24,7 +24,7 @@ from ray.rllib.utils.metrics import EVALUATION_RESULTS
 from ray.tune.schedulers import ASHAScheduler
 
 from raylab.algorithms.algorithm import BEST_EVAL_KEY, EVAL_BEFORE_TRAIN_KEY, eval_tags
-from raylab.algorithms.callbacks import RUNTIME_KEY
+from raylab.algorithms.callbacks import FLOW_KEY, RUNTIME_KEY
 from raylab.metrics import schema as S
 from raylab.metrics.timeline import (
     COLLECTOR_TRACKER,
@@ -125,6 +125,38 @@ def canonical_metrics(result: dict, previous: Optional[dict] = None) -> Dict[str
     if _finite(trained) and result.get("time_this_iter_s"):
         put(S.PERF_LEARNER_ROWS_PER_S, float(trained) / float(result["time_this_iter_s"]))
     return out
+
+
+def shutdown_mapping(status: str, stop_reason: Optional[str], error: Optional[str]) -> dict:
+    """The runtime manifest's ``shutdown`` (experimental): how the trial ended, who ended it
+    and in which phase. ``classification`` uses the soak monitor's failure classes."""
+    if status == "completed":
+        classification, owner, phase = "normal_completion", "driver", "budget reached"
+    elif status == "interrupted":
+        classification = "external_cancellation"
+        owner = "user (Ctrl-C)" if stop_reason == "user_interrupt" else "external (SIGTERM)"
+        phase = "stopped after the current iteration"
+    else:
+        classification, owner, phase = failure_class(error or ""), "trial", "trial error"
+    return {
+        "classification": classification,
+        "owner": owner,
+        "phase": phase,
+        "stop_reason": stop_reason,
+        "cleanup_errors": [],
+    }
+
+
+def failure_class(error: str) -> str:
+    """A trial error's failure class, from the error Tune recorded (its text)."""
+    text = error.lower()
+    if "envrunner" in text or "enverror" in text or "env_runner" in text:
+        return "collector_failure"
+    if "learner" in text:
+        return "learner_failure"
+    if "mujoco" in text or "physics" in text:
+        return "backend_worker_failure"
+    return "unknown_failure"
 
 
 class StopRequest:
@@ -256,8 +288,40 @@ class RaylabTuneCallback(tune.Callback):
             threads_per_runner=int(runners[0].get("num_threads", 1)) if runners else 1,
             sim_backend=config.get("sim", "mujoco"),
             sim_backend_device=None,  # MuJoCo on the CPU: no accelerator binding
+            collector_backend_device=None,
+            collector_metric_interval_s=float(config["training"].get("iteration_s", 0.0)),
             counters={"env_runner_restarts": float(runtime.get("restarts", 0))},
+            backend_diagnostics=runtime.get("backend_diagnostics"),
         )
+
+    @staticmethod
+    def _flow(run: dict, flow: dict, result: dict) -> None:
+        """The manifest's per-result fields: in flight, ring, ingress and counters."""
+        manifest = run["manifest"]
+        manifest["inference_flight"] = flow.get("inference_flight")
+        learners = flow.get("learners") or []
+        counters = manifest["counters"]
+        counters["env_steps_sampled"] = float(env_steps(result))
+        counters["training_iterations"] = float(result.get("training_iteration", 0))
+        if learners:
+            counters["learner_updates"] = float(sum(s.get("updates", 0) for s in learners))
+        rings = [s["ring"] for s in learners if s.get("ring")]
+        if not rings:
+            return
+        ring = rings[0]
+        capacity = sum(r["capacity"] for r in rings)
+        manifest["ring"] = {"kind": ring["kind"], "unit": ring["unit"], "capacity": capacity}
+        occupancy = min(1.0, sum(r["size"] for r in rings) / capacity)
+        high = min(1.0, sum(r["high_water"] for r in rings) / capacity)
+        times = [r["ingest_ms_mean"] for r in rings if r.get("ingest_ms_mean") is not None]
+        previous = (manifest.get("replay_ingress") or {}).get("high_water_occupancy", 0.0)
+        manifest["replay_ingress"] = {
+            "ingested": int(sum(r["ingested"] for r in rings)),
+            "occupancy": occupancy,
+            # Cumulative for the run: a restarted Learner starts its own count from zero.
+            "high_water_occupancy": max(previous, high, occupancy),
+            "ingest_ms_mean": sum(times) / len(times) if times else None,
+        }
 
     # --- Tune hooks ------------------------------------------------------------------------
     def on_trial_start(self, iteration, trials, trial, **info):
@@ -302,7 +366,18 @@ class RaylabTuneCallback(tune.Callback):
         run["prev"], run["last"] = result, {**run["last"], **metrics}
         runtime = result.get(RUNTIME_KEY)
         if runtime is not None:
+            previous = run["manifest"]
             run["manifest"] = self._manifest(run, runtime)
+            if previous is not None:  # a rebuilt manifest (restarts) keeps the run's figures
+                for key in ("inference_flight", "ring", "replay_ingress"):
+                    run["manifest"][key] = previous.get(key)
+                run["manifest"]["counters"] = {
+                    **previous["counters"],
+                    **run["manifest"]["counters"],
+                }
+        flow = result.get(FLOW_KEY)
+        if run["manifest"] is not None and isinstance(flow, dict):
+            self._flow(run, flow, result)
         if run["manifest"] is not None:
             # Run counters: restarts, and the replay size / timeout rate where they exist.
             for name, tag in (
@@ -357,7 +432,7 @@ class RaylabTuneCallback(tune.Callback):
         elif best is not None:
             run["best"] = best  # a checkpoint of another iteration: wait for the best's
 
-    def _finish(self, trial, status: str, error: Optional[str] = None):
+    def _finish(self, trial, status: str, error: Optional[str] = None, error_text: str = ""):
         run = self._runs.get(trial.trial_id)
         if run is None:
             return
@@ -368,6 +443,12 @@ class RaylabTuneCallback(tune.Callback):
         fields["status"] = status
         if error:
             fields["error"] = error
+        manifest = run["manifest"]
+        if manifest is not None:
+            manifest["shutdown"] = shutdown_mapping(
+                status, fields.get("stop_reason"), error_text or error
+            )
+            fields["runtime_manifest"] = manifest
         run["dir"].update_summary(**fields)
         run["backend"].close()
 
@@ -375,7 +456,11 @@ class RaylabTuneCallback(tune.Callback):
         self._finish(trial, "completed")
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self._finish(trial, "failed", error=str(getattr(trial, "error_file", "") or "trial error"))
+        error_file = getattr(trial, "error_file", None)
+        text = ""
+        if error_file and Path(error_file).is_file():
+            text = Path(error_file).read_text(errors="replace")[-4000:]
+        self._finish(trial, "failed", error=str(error_file or "trial error"), error_text=text)
 
     def on_experiment_end(self, trials, **info):
         for trial in trials:

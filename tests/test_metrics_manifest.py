@@ -51,6 +51,15 @@ def plain_manifest(**over):
         threads_per_runner=4,
         sim_backend="mujoco",
         counters={"env_runner_restarts": 0, "env_steps_sampled": 12345},
+        collector_metric_interval_s=1.0,
+        ring={"kind": "sac_device_replay", "unit": "transitions", "capacity": 1000},
+        inference_flight={"in_flight": 1, "max_in_flight": 2, "limit": 2},
+        replay_ingress={
+            "ingested": 500,
+            "occupancy": 0.5,
+            "high_water_occupancy": 0.5,
+            "ingest_ms_mean": 1.5,
+        },
         ray_version="2.60.0",
     )
     kw.update(over)
@@ -82,7 +91,14 @@ def test_stable_and_experimental_fields_are_declared():
         "sim_backend",
         "sim_backend_device",
         "counters",
+        "collector_metric_interval_s",
+        "collector_backend_device",
+        "ring",
+        "inference_flight",
+        "replay_ingress",
     } <= stable
+    for key in ("shutdown", "backend_diagnostics"):
+        assert manifest.MANIFEST_FIELDS[key][0] == "experimental"
     assert manifest.MANIFEST_FIELDS["experimental"][0] == "experimental"
     m = plain_manifest(experimental={"anything": [1, 2]}, shutdown={"classification": "normal"})
     validate_manifest(m)
@@ -122,6 +138,15 @@ def _broken(path, value):
         (["learners", 0, "gpu"], 1, "unknown field 'gpu'"),
         (["experimental"], [1], "experimental must be an object"),
         (["learners", 0, "kind"], "env_runner", "kind 'env_runner' in the learner list"),
+        (["collector_backend_device"], "", "collector_backend_device must be a device string"),
+        (["collector_metric_interval_s"], -1, "collector_metric_interval_s = -1"),
+        (["ring", "capacity"], 0, "ring.capacity must be at least 1"),
+        (["ring", "extra"], 1, "ring must be null or an object with exactly"),
+        (["inference_flight", "max_in_flight"], -1, "non-negative finite number"),
+        (["inference_flight", "limit"], 1.5, "inference_flight.limit has a bad type"),
+        (["replay_ingress", "occupancy"], 0.9, "occupancy <= high_water_occupancy <= 1"),
+        (["replay_ingress", "high_water_occupancy"], 1.5, "high_water_occupancy <= 1"),
+        (["replay_ingress", "ingested"], KeyError, "replay_ingress must be null or an object"),
     ],
 )
 def test_validate_manifest_fails_closed(path, value, message):
@@ -137,3 +162,16 @@ def test_manifest_round_trips_through_run_summary(tmp_path):
     with pytest.raises(MetricSchemaError, match="runtime_manifest"):
         rd.update_summary(runtime_manifest=_broken(["schema_version"], 7))
     assert read_summary(tmp_path)["runtime_manifest"] == m  # the bad update wrote nothing
+
+
+def test_a_completed_manifest_needs_collector_backend_device(tmp_path):
+    m = plain_manifest()
+    validate_manifest(m, completed=True)  # present (null: CPU MuJoCo)
+    del m["collector_backend_device"]
+    validate_manifest(m)  # a run still starting may not have it yet
+    with pytest.raises(MetricSchemaError, match="completed manifest needs collector_backend"):
+        validate_manifest(m, completed=True)
+    rd = RunDirectory(tmp_path)
+    rd.write_summary(runtime_manifest=m)  # running: fine
+    with pytest.raises(MetricSchemaError, match="collector_backend_device"):
+        rd.update_summary(status="completed", end_time=1.0)

@@ -149,6 +149,54 @@ def test_summary_and_manifest(pendulum_run):
     assert config["algo"]["name"] == algo and config["task"] in TASKS
 
 
+def test_the_manifest_v1_fields_are_filled_by_a_real_run(pendulum_run):
+    """The contract's stable fields (collector metric interval, collector_backend_device, the
+    ring, inference flight, replay ingress), the counters the manifest names, the shutdown
+    mapping and the physics backend's diagnostics, as a real run leaves them."""
+    algo, run_dir = pendulum_run
+    summary = read_summary(run_dir / "run_summary.json")
+    m = summary["runtime_manifest"]
+    validate_manifest(m, completed=True)
+    config = json.loads((run_dir / "run_config.json").read_text())
+    assert m["collector_backend_device"] is None  # CPU MuJoCo / Gymnasium: no accelerator
+    assert m["collector_metric_interval_s"] == config["training"]["iteration_s"]
+    flight = m["inference_flight"]
+    # One EnvRunner: RLlib's max_requests_in_flight_per_env_runner (raylab's SAC sends one).
+    assert flight["limit"] >= 1
+    if algo == "sac":
+        assert flight["limit"] == 1
+    assert 0 <= flight["in_flight"] <= flight["limit"]
+    assert 0 < flight["max_in_flight"] <= flight["limit"]
+    counters = m["counters"]
+    assert counters["env_steps_sampled"] == summary["env_steps"] > 0
+    assert counters["training_iterations"] == summary["training_iteration"] > 0
+    assert counters["learner_updates"] > 0
+    assert counters["env_runner_restarts"] == 0
+    if algo == "ppo":
+        assert m["ring"] is None and m["replay_ingress"] is None
+    else:
+        ring, ingress = m["ring"], m["replay_ingress"]
+        expected = {
+            "appo": ("appo_circular_buffer", "batches"),
+            "sac": ("sac_device_replay", "transitions"),
+        }[algo]
+        assert (ring["kind"], ring["unit"]) == expected and ring["capacity"] >= 1
+        assert ingress["ingested"] > 0 and ingress["ingest_ms_mean"] > 0
+        assert 0 < ingress["high_water_occupancy"] <= 1
+        assert ingress["occupancy"] <= ingress["high_water_occupancy"]
+        if algo == "sac":  # every sampled transition went into the replay
+            assert ingress["ingested"] == counters["env_steps_sampled"]
+    shutdown = m["shutdown"]
+    assert shutdown["classification"] == "normal_completion"
+    assert shutdown["owner"] and shutdown["phase"] and shutdown["cleanup_errors"] == []
+    backend = m.get("backend_diagnostics")
+    if config["task"] == "microduck_balance":
+        assert backend["backend"] == "mujoco" and backend["num_envs"] == 4
+        assert backend["timestep"] > 0 and backend["device"] is None
+    else:
+        assert backend is None  # a Gymnasium id's env is not raylab's backend
+
+
 def test_checkpoint_and_eval(pendulum_run):
     algo, run_dir = pendulum_run
     task = json.loads((run_dir / "run_config.json").read_text())["task"]

@@ -26,6 +26,13 @@ class RaylabSAC(RaylabAlgorithmMixin, SAC):
             pass
         super().cleanup()
 
+    _sample_tag = SAMPLE_TAG
+
+    def in_flight_limit(self) -> int:
+        # One sample request in flight per EnvRunner (step 3 of training_step).
+        group = self.env_runner_group
+        return group.num_remote_env_runners() if group is not None else 0
+
     @classmethod
     def get_default_config(cls) -> RaylabSACConfig:
         return RaylabSACConfig()
@@ -93,6 +100,8 @@ class RaylabSAC(RaylabAlgorithmMixin, SAC):
                     ),
                     tag=SAMPLE_TAG,
                 )
+
+        self.note_in_flight()
 
         # 4. Learner statistics a few times per iteration.
         now = time.perf_counter()

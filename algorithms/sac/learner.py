@@ -142,6 +142,7 @@ class RaylabSACLearner(SACLearner, TorchLearner):
         if not getattr(self, "_ingest_track_named", False):
             trace.name_thread("ingest requests (replay ingress, background)")
             self._ingest_track_named = True
+        t0 = time.perf_counter()
         with self.timeline.background(S.PERF_REPLAY_INGRESS_H2D_SUBMIT_MS):
             batch = ray.get(ref) if isinstance(ref, ray.ObjectRef) else ref
             with self._replay_lock:
@@ -152,6 +153,8 @@ class RaylabSACLearner(SACLearner, TorchLearner):
                     # Once per ingest (one EnvRunner result), not per update: the rows count
                     # as sampleable only once their host-to-device copies have landed.
                     torch.cuda.current_stream(self.device).synchronize()
+        self._ingest_s = getattr(self, "_ingest_s", 0.0) + time.perf_counter() - t0
+        self._ingest_n = getattr(self, "_ingest_n", 0) + 1
         with self._cond:
             self._ingested += n
             self._staleness.append(float(self._version - max(runner_version, 0)))
@@ -184,6 +187,22 @@ class RaylabSACLearner(SACLearner, TorchLearner):
             "version": self._version,
             "size": self._replay.size if self._replay is not None else 0,
         }
+
+    def learner_status(self) -> Dict[str, Any]:
+        """Lifetime gradient updates and the device replay (the runtime manifest's ring)."""
+        replay = self._replay
+        n = getattr(self, "_ingest_n", 0)
+        ring = {
+            "kind": "sac_device_replay",
+            "unit": "transitions",
+            "capacity": int(self.config.buffer_capacity),
+            "size": int(replay.size) if replay is not None else 0,
+            # A ring that only grows until it wraps: its high water is its largest size.
+            "high_water": int(replay.size) if replay is not None else 0,
+            "ingested": int(self._ingested),
+            "ingest_ms_mean": 1000.0 * self._ingest_s / n if n else None,
+        }
+        return {"updates": int(self._updates), "ring": ring}
 
     def _allowed_updates(self) -> int:
         # Updates start once learning_starts steps are in and then follow the replay ratio

@@ -214,6 +214,27 @@ class BatchedMujoco:
         self._in_kick_mask: np.ndarray = np.zeros(self.num_envs, dtype=bool)
         self._in_kick: np.ndarray = np.zeros((self.num_envs, 0))
 
+    def diagnostics(self) -> dict:
+        """A snapshot of how this backend runs (the runtime manifest's backend_diagnostics)."""
+        m = self.prototype
+        return {
+            "backend": "mujoco",
+            "mujoco_version": mujoco.__version__,
+            "device": None,  # CPU MuJoCo: no accelerator binding
+            "num_envs": self.num_envs,
+            "num_threads": self.num_threads,
+            "pool_threads": min(self.num_threads, self.num_envs),
+            "nsubsteps": self.nsubsteps,
+            "timestep": float(m.opt.timestep),
+            "integrator": int(m.opt.integrator),
+            "solver": int(m.opt.solver),
+            "solver_iterations": int(m.opt.iterations),
+            "nq": int(m.nq),
+            "nv": int(m.nv),
+            "nu": int(m.nu),
+            "post_step": "sensor_pass" if self.post_step is sensor_pass else "mj_forward",
+        }
+
     # -- reset -----------------------------------------------------------------------------
 
     def reset_env(

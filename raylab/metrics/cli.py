@@ -444,6 +444,50 @@ def render_docs() -> str:
     for key, (stability, typ, meaning) in manifest.MANIFEST_FIELDS.items():
         add(f"| `{key}` | {stability} | {typ} | {meaning} |")
     add("")
+    add(
+        "Window semantics: `inference_flight.max_in_flight` is the maximum since the previous "
+        "report (each result resets it), `replay_ingress.high_water_occupancy` the maximum "
+        "for the whole run. The driver refreshes both with every result, so the manifest in "
+        "`run_summary.json` always holds the latest report. The stable fields added to v1 "
+        f"after its first runs ({', '.join(f'`{k}`' for k in manifest.OPTIONAL_STABLE_FIELDS)}) "
+        "are validated when present; `collector_backend_device` is required once the run's "
+        "status is `completed`. `shutdown` (experimental) says how the trial ended: "
+        "`classification` (`normal_completion`, `external_cancellation`, or a failure class: "
+        "`collector_failure`, `learner_failure`, `backend_worker_failure`, `unknown_failure`), "
+        "`owner`, `phase`, `stop_reason` and `cleanup_errors`. `backend_diagnostics` "
+        "(experimental) is one EnvRunner's physics-backend snapshot (MuJoCo version, threads, "
+        "substeps, timestep, solver); null for a Gymnasium id."
+    )
+    add("")
+    add("## Traces")
+    add("")
+    add(
+        "`training.trace_enabled=true` makes every process with a timeline write Chrome "
+        "trace-event JSON (the array format) to `training.trace_output_dir` (default "
+        "`<run_dir>/traces`), one file `<role>-<pid>.trace.json` per process: `algorithm` "
+        "(the loop that drives the iterations: Algorithm Step, Training Step, Evaluation), "
+        "`env_runner-<i>`, `eval_env_runner-<i>` and `learner-<rank>`. Each occurrence of a "
+        "canonical phase is one complete event (`ph: X`) named by the schema's label (the "
+        "terminal's row label: Collector Wait, Learning, Env Step, Rollout Wall, ...); a "
+        "learner iteration is an `Iter Wall` event with its main phases inside it on the same "
+        "track, and they never overlap one another (Learning is split around a Replay Stage "
+        "inside it). Env Step's parts (Action Validate, Reset Done, Apply Action, Backend Step, "
+        "Update State) sit on the EnvRunner's `· nested` track; background work (APPO's "
+        "episode ingest, SAC's replay ingress) on the thread that does it, which has its own "
+        "track. Process and thread names are metadata events. Timestamps are wall-clock "
+        "microseconds (`perf_counter` plus an offset fixed per process), so the files of all "
+        "processes share one clock. `training.trace_thread_time=true` adds `args.thread_cpu_ms` "
+        "to every phase; `training.trace_cuda_events=true` puts the device time of each phase, "
+        "from CUDA event pairs, on a `CUDA` track (GPU learners only: refused on CPU). A "
+        "process killed before exit leaves its array open, which the format allows. "
+        "`raylab trace RUN_DIR` validates every file fail-closed, merges them into "
+        "`merged.json` (object format, one pid per file), writes `summary.json` and prints "
+        "each track's phases (count, total, mean, share of its Iter Wall / Rollout Wall) and "
+        "how long Learning and EnvRunner sampling ran at the same time. Open `merged.json` in "
+        "ui.perfetto.dev or chrome://tracing. `raylab tune` refuses tracing (trials would "
+        "share a folder)."
+    )
+    add("")
     add("## Reading runs")
     add("")
     add(

@@ -54,11 +54,46 @@ MANIFEST_FIELDS: Dict[str, tuple] = {
         "str or null",
         "accelerator the physics backend runs on; null when it has none (CPU MuJoCo)",
     ),
+    "collector_metric_interval_s": (
+        "stable",
+        "number",
+        "the collector metric interval: EnvRunners report their metrics with every result, "
+        "and a result comes at most every this many seconds (training.iteration_s)",
+    ),
+    "collector_backend_device": (
+        "stable",
+        "str or null",
+        "device the collectors' physics backend is bound to; null only when the backend has "
+        "no accelerator binding (CPU MuJoCo). Required in a completed manifest (status "
+        "completed); equals sim_backend_device for raylab's single-backend collectors",
+    ),
+    "ring": (
+        "stable",
+        "object or null",
+        "the learner's ring: kind (appo_circular_buffer, sac_device_replay), unit (batches, "
+        "transitions), capacity; null where there is none (PPO)",
+    ),
+    "inference_flight": (
+        "stable",
+        "object or null",
+        "sample requests in flight to the EnvRunners (each runs its own policy inference): "
+        "in_flight at the latest report, max_in_flight since the previous report (a window), "
+        "limit; null before the first result",
+    ),
+    "replay_ingress": (
+        "stable",
+        "object or null",
+        "what entered the ring: ingested (cumulative, in the ring's unit), occupancy (size / "
+        "capacity at the latest report), high_water_occupancy (cumulative maximum for the run), "
+        "ingest_ms_mean (mean time to take one EnvRunner result in; null before the first); "
+        "null where there is no ring",
+    ),
     "counters": (
         "stable",
         "object",
-        "run counters filled in by training (name -> non-negative number), for example "
-        "env_runner_restarts, env_steps_sampled, learner_updates",
+        "run counters filled in by training (name -> non-negative number): "
+        "env_runner_restarts, env_steps_sampled, training_iterations, learner_updates (gradient "
+        "updates of all Learners); replay_buffer_size and episode_timeout_rate where they exist",
     ),
     "shutdown": ("experimental", "object or null", "how teardown went, producer-owned"),
     "backend_diagnostics": (
@@ -68,7 +103,26 @@ MANIFEST_FIELDS: Dict[str, tuple] = {
     ),
     "experimental": ("experimental", "object", "any other producer-owned diagnostics"),
 }
-REQUIRED_FIELDS = tuple(k for k, v in MANIFEST_FIELDS.items() if v[0] == "stable")
+# Stable fields added to v1 after its first runs: optional (validated when present), so the
+# manifests of those runs still read; collector_backend_device is required once completed.
+OPTIONAL_STABLE_FIELDS = (
+    "collector_metric_interval_s",
+    "collector_backend_device",
+    "ring",
+    "inference_flight",
+    "replay_ingress",
+)
+REQUIRED_FIELDS = tuple(
+    k for k, v in MANIFEST_FIELDS.items() if v[0] == "stable" and k not in OPTIONAL_STABLE_FIELDS
+)
+_RING = {"kind": str, "unit": str, "capacity": int}
+_FLIGHT = {"in_flight": int, "max_in_flight": int, "limit": int}
+_INGRESS = {
+    "ingested": int,
+    "occupancy": (int, float),
+    "high_water_occupancy": (int, float),
+    "ingest_ms_mean": (int, float, type(None)),
+}
 
 _NODE_FIELDS = {"node_id": str, "node_ip": str, "hostname": str, "alive": bool, "resources": dict}
 _ACTOR_REQUIRED = {"index": int, "node_id": str, "device": str}
@@ -126,8 +180,25 @@ def _check_actor(
         raise _fail(where, f"node_id {entry['node_id']!r} is not one of the manifest's nodes")
 
 
-def validate_manifest(d: Any, where: str = "runtime_manifest") -> None:
-    """Raise :class:`MetricSchemaError` unless ``d`` is a valid runtime manifest v1."""
+def _check_section(d: Any, key: str, fields: Mapping[str, Any], where: str) -> None:
+    """An object-or-null section with exactly ``fields``, numbers non-negative and finite."""
+    value = d.get(key)
+    if value is None:
+        return
+    if not isinstance(value, dict) or set(value) != set(fields):
+        raise _fail(where, f"{key} must be null or an object with exactly {', '.join(fields)}")
+    for name, typ in fields.items():
+        v = value[name]
+        if not _is(v, typ):
+            raise _fail(where, f"{key}.{name} has a bad type: {v!r}")
+        if _is(v, (int, float)) and (not math.isfinite(v) or v < 0):
+            raise _fail(where, f"{key}.{name} = {v!r} is not a non-negative finite number")
+
+
+def validate_manifest(d: Any, where: str = "runtime_manifest", completed: bool = False) -> None:
+    """Raise :class:`MetricSchemaError` unless ``d`` is a valid runtime manifest v1
+    (``completed``: the manifest of a completed run, which must name its
+    collector_backend_device)."""
     if not isinstance(d, dict):
         raise _fail(where, f"expected an object, got {type(d).__name__}")
     if "schema_version" not in d:
@@ -189,6 +260,24 @@ def validate_manifest(d: Any, where: str = "runtime_manifest") -> None:
     if "experimental" in d and not isinstance(d["experimental"], dict):
         raise _fail(where, "experimental must be an object")
 
+    if completed and "collector_backend_device" not in d:
+        raise _fail(where, "a completed manifest needs collector_backend_device (null for CPU)")
+    device = d.get("collector_backend_device")
+    if device is not None and (not isinstance(device, str) or not device):
+        raise _fail(where, "collector_backend_device must be a device string or null")
+    interval = d.get("collector_metric_interval_s", 0.0)
+    if not _is(interval, (int, float)) or not math.isfinite(interval) or interval < 0:
+        raise _fail(where, f"collector_metric_interval_s = {interval!r} is not a number >= 0")
+    _check_section(d, "ring", _RING, where)
+    if d.get("ring") is not None and d["ring"]["capacity"] < 1:
+        raise _fail(where, "ring.capacity must be at least 1")
+    _check_section(d, "inference_flight", _FLIGHT, where)
+    _check_section(d, "replay_ingress", _INGRESS, where)
+    ingress = d.get("replay_ingress")
+    if ingress is not None:
+        if not ingress["occupancy"] <= ingress["high_water_occupancy"] <= 1.0:
+            raise _fail(where, "replay_ingress needs occupancy <= high_water_occupancy <= 1")
+
 
 def build_manifest(
     *,
@@ -201,6 +290,11 @@ def build_manifest(
     sim_backend: str,
     sim_backend_device: Optional[str] = None,
     counters: Optional[Mapping[str, float]] = None,
+    collector_metric_interval_s: float = 0.0,
+    collector_backend_device: Optional[str] = None,
+    ring: Optional[dict] = None,
+    inference_flight: Optional[dict] = None,
+    replay_ingress: Optional[dict] = None,
     ray_version: Optional[str] = None,
     raylab_version: Optional[str] = None,
     shutdown: Optional[dict] = None,
@@ -227,6 +321,11 @@ def build_manifest(
         "sim_backend": sim_backend,
         "sim_backend_device": sim_backend_device,
         "counters": dict(counters or {}),
+        "collector_metric_interval_s": float(collector_metric_interval_s),
+        "collector_backend_device": collector_backend_device,
+        "ring": ring,
+        "inference_flight": inference_flight,
+        "replay_ingress": replay_ingress,
     }
     if shutdown is not None:
         manifest["shutdown"] = shutdown

@@ -304,7 +304,9 @@ def validate_summary(summary: Any, where: str = SUMMARY_FILE) -> None:
     if manifest is not None:
         from raylab.metrics.manifest import validate_manifest
 
-        validate_manifest(manifest, where=f"{where}: runtime_manifest")
+        validate_manifest(
+            manifest, where=f"{where}: runtime_manifest", completed=status == "completed"
+        )
     final = summary["final_metrics"]
     if not isinstance(final, dict):
         raise MetricSchemaError(f"{where}: final_metrics must be an object")

@@ -157,8 +157,8 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
         .evaluation(**evaluation_options(cfg, RaylabEvalEnvRunner))
         .debugging(seed=cfg.training.seed, log_level="ERROR", log_sys_usage=False)
         .fault_tolerance(
-            restart_failed_env_runners=True,
-            max_num_env_runner_restarts=1000,
+            restart_failed_env_runners=cfg.training.max_env_runner_restarts > 0,
+            max_num_env_runner_restarts=int(cfg.training.max_env_runner_restarts),
             delay_between_env_runner_restarts_s=1.0,
         )
     )

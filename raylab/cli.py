@@ -1,4 +1,4 @@
-"""The ``raylab`` command: train, eval, plot, trace, tune, bench, metrics.
+"""The ``raylab`` command: train, eval, plot, soak, trace, tune, bench, metrics.
 
 Flags are parsed by argparse; configuration overrides (``algo.lr=3e-4``) are composed by
 ``raylab.config`` with OmegaConf. A user mistake ends with one line on stderr and exit code 2.
@@ -144,6 +144,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_plot)
 
+    # soak
+    p = sub.add_parser(
+        "soak",
+        help="a long training run watched for stalls, leaks and failures (writes soak.json)",
+        description="Train (the options of raylab train) and watch the run: throughput per "
+        "window and its trend, each actor's memory, object store use, actor restarts and "
+        "progress ticks. Stops the run on a stall (timeout/stale_tick) or a memory leak "
+        "(resource_leak) and writes <run_dir>/soak.json (artifact 0.3.0) with the failure "
+        "class, or null on a pass. Exit code 0 only on a pass.",
+        formatter_class=_Formatter,
+    )
+    _add_compose_args(p)
+    p.add_argument("--duration", default="30m", help="training time: 90s, 30m, 2h")
+    p.add_argument("--window", default="60s", help="length of one monitoring window")
+    p.add_argument(
+        "--stale",
+        default=None,
+        help="no progress for this long fails the soak (default: 3 windows, at least 120s)",
+    )
+    p.add_argument(
+        "--leak-mb-per-min",
+        type=float,
+        default=10.0,
+        help="an actor whose memory grows faster than this after the first window is a leak",
+    )
+    p.add_argument(
+        "--check",
+        metavar="SOAK_JSON",
+        default=None,
+        help="only validate an existing soak.json (fail-closed) and print its verdict",
+    )
+    p.set_defaults(func=_cmd_soak)
+
     # trace
     p = sub.add_parser(
         "trace",
@@ -252,6 +285,26 @@ def _cmd_plot(args) -> int:
 
     plot_runs(args.run_dirs, args.out, baselines=not args.no_baselines)
     return 0
+
+
+def _cmd_soak(args) -> int:
+    from raylab.soak import read_soak, run_soak
+
+    if args.check:
+        d = read_soak(args.check)
+        verdict = "passed" if d["passed"] else f"failed: {d['failure_classification']}"
+        print(f"raylab: {args.check}: valid soak artifact {d['schema_version']}; {verdict}")
+        return 0
+    return run_soak(
+        args.algo,
+        args.task,
+        args.sim,
+        args.overrides,
+        args.duration,
+        args.window,
+        args.stale,
+        args.leak_mb_per_min,
+    )
 
 
 def _cmd_trace(args) -> int:

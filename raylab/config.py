@@ -65,6 +65,12 @@ class TrainingConfig:
         "algorithm's actor killed, a node lost); an env that keeps raising stops the run after "
         "its third report whatever this says",
     )
+    max_env_runner_restarts: int = option(
+        1000,
+        "times a crashed EnvRunner (its process killed) is restarted before the run fails "
+        "(0: the first crash fails it); an env that raises deterministically stops the run "
+        "after a few restarts whatever this says",
+    )
     reward_window: int = option(
         100, "Train/mean_reward and Train/mean_episode_length: mean over this many latest episodes"
     )
@@ -511,6 +517,7 @@ def _check_evaluation(cfg: DictConfig) -> None:
         ("eval_every", 0),
         ("eval_episodes", 1),
         ("max_failures", 0),
+        ("max_env_runner_restarts", 0),
     ):
         if int(t[key]) < low:
             raise UserError(f"bad value training.{key}={t[key]}: must be at least {low}")

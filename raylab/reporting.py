@@ -134,7 +134,11 @@ def shutdown_mapping(status: str, stop_reason: Optional[str], error: Optional[st
         classification, owner, phase = "normal_completion", "driver", "budget reached"
     elif status == "interrupted":
         classification = "external_cancellation"
-        owner = "user (Ctrl-C)" if stop_reason == "user_interrupt" else "external (SIGTERM)"
+        owner = {
+            "user_interrupt": "user (Ctrl-C)",
+            "monitor_stop": "raylab soak monitor",
+            "user_abort": "user (second Ctrl-C)",
+        }.get(stop_reason or "", "external (SIGTERM)")
         phase = "stopped after the current iteration"
     else:
         classification, owner, phase = failure_class(error or ""), "trial", "trial error"
@@ -174,7 +178,19 @@ class StopRequest:
         a scheduler, ``kill``) or ``user_interrupt`` (Ctrl-C); None when it was not."""
         if not cls.requested.is_set():
             return None
+        if cls.signal_name and cls.signal_name.startswith("monitor"):
+            return "monitor_stop"
         return "external_cancellation" if cls.signal_name == "SIGTERM" else "user_interrupt"
+
+    @classmethod
+    def request(cls, who: str, why: str) -> None:
+        """Stop the run after the current iteration from inside this process (``raylab
+        soak``'s monitor); ``stop_reason`` becomes ``monitor_stop``."""
+        if cls.requested.is_set():
+            return
+        cls.signal_name = f"monitor:{who}"
+        cls.requested.set()
+        print(f"raylab: stopping after this iteration: {why}", file=sys.stderr, flush=True)
 
     @classmethod
     def install(cls) -> None:

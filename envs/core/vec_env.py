@@ -156,9 +156,14 @@ class BatchedVecEnv(VectorEnv, abc.ABC):
         allow_overcommit: bool = False,
         autoreset_mode: str = "next_step",
         info_mode: str = "none",
+        debug_leak_kb_per_step: int = 0,
         **options,
     ):
         model, nsubsteps = self._configure(options)
+        if int(debug_leak_kb_per_step) < 0:
+            raise ValueError(f"debug_leak_kb_per_step={debug_leak_kb_per_step} must be >= 0")
+        self._leak_bytes = int(debug_leak_kb_per_step) * 1024
+        self._leaked: List[bytes] = []  # debug_leak_kb_per_step: kept for good, on purpose
         self.autoreset = check_choice("autoreset_mode", autoreset_mode, AUTORESET_MODES)
         self.info_mode = check_choice("info_mode", info_mode, INFO_MODES)
         self.metadata = dict(self.metadata)
@@ -315,6 +320,8 @@ class BatchedVecEnv(VectorEnv, abc.ABC):
             self._observe(done_ids)
             obs[done_ids] = self.observations.compute(self)[done_ids]
         t6 = time.perf_counter()
+        if self._leak_bytes:
+            self._leaked.append(b"\1" * self._leak_bytes)  # touched, so it is resident
         self._step_time_sums += (t1 - t0, t3 - t2, t4 - t3, t5 - t4, (t2 - t1) + (t6 - t5))
         # The parts' intervals of this call, for a caller's trace (STEP_PART_SPANS).
         self.last_step_marks = (t0, t1, t2, t3, t4, t5, t6)

@@ -25,7 +25,13 @@ def option(default: Any = MISSING, help: str = "", choices: Tuple[str, ...] = ()
 
 # Options that configure the vector env rather than the task; the single (reference) envs accept
 # and ignore them, so that one env_config serves both.
-VECTOR_ONLY_OPTIONS = ("num_threads", "allow_overcommit", "autoreset_mode", "info_mode")
+VECTOR_ONLY_OPTIONS = (
+    "num_threads",
+    "allow_overcommit",
+    "autoreset_mode",
+    "info_mode",
+    "debug_leak_kb_per_step",
+)
 # Fields of EnvConfig that are raylab plumbing, not constructor options of an env.
 PLUMBING_FIELDS = ("gym_id", "num_envs", "kwargs")
 
@@ -62,6 +68,11 @@ class BatchedEnvConfig(EnvConfig):
         ("none", "full"),
     )
     allow_overcommit: bool = option(False, "allow num_threads above 8 or above the machine's cores")
+    debug_leak_kb_per_step: int = option(
+        0,
+        "test only: the vector env keeps this many KiB per step for good, a deliberate memory "
+        "leak (what raylab soak's resource_leak check must catch); keep 0",
+    )
 
 
 def option_range(low: float, high: float, help: str):

@@ -170,6 +170,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="an actor whose memory grows faster than this after the first window is a leak",
     )
     p.add_argument(
+        "--warmup",
+        default="30s",
+        help="training time before memory counts towards a leak (allocator pools, first batches)",
+    )
+    p.add_argument(
+        "--leak-span",
+        default="60s",
+        help="the shortest stretch of windows (after warm-up) a leak is judged on",
+    )
+    p.add_argument(
         "--check",
         metavar="SOAK_JSON",
         default=None,
@@ -304,6 +314,8 @@ def _cmd_soak(args) -> int:
         args.window,
         args.stale,
         args.leak_mb_per_min,
+        warmup=args.warmup,
+        leak_span=args.leak_span,
     )
 
 

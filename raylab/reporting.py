@@ -142,13 +142,17 @@ def shutdown_mapping(status: str, stop_reason: Optional[str], error: Optional[st
         phase = "stopped after the current iteration"
     else:
         classification, owner, phase = failure_class(error or ""), "trial", "trial error"
-    return {
+    out = {
         "classification": classification,
         "owner": owner,
         "phase": phase,
         "stop_reason": stop_reason,
         "cleanup_errors": [],
     }
+    if error:
+        lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+        out["error"] = lines[-1] if lines else error
+    return out
 
 
 def failure_class(error: str) -> str:
@@ -315,7 +319,7 @@ class RaylabTuneCallback(tune.Callback):
         """The manifest's per-result fields: in flight, ring, ingress and counters."""
         manifest = run["manifest"]
         manifest["inference_flight"] = flow.get("inference_flight")
-        learners = flow.get("learners") or []
+        learners = [s for s in flow.get("learners") or [] if isinstance(s, dict)]
         counters = manifest["counters"]
         counters["env_steps_sampled"] = float(env_steps(result))
         counters["training_iterations"] = float(result.get("training_iteration", 0))

@@ -56,8 +56,6 @@ PRODUCER_CLASSES = (
 MONITOR_CLASSES = ("timeout/stale_tick", "resource_leak")
 FAILURE_CLASSES = tuple(dict.fromkeys(PRODUCER_CLASSES + MONITOR_CLASSES))
 SOAK_FILE = "soak.json"
-WARMUP_S = 30.0  # of training before memory counts towards a leak
-LEAK_SPAN_S = 60.0  # the shortest stretch of windows a leak is judged on
 ESCALATE_S = 90.0  # a stop the run does not honour within this is forced (KeyboardInterrupt)
 
 
@@ -94,12 +92,16 @@ class Monitor(threading.Thread):
         stale_s: float,
         leak_mb_per_min: float,
         sample_s: Optional[float] = None,
+        warmup_s: float = 30.0,
+        leak_span_s: float = 60.0,
     ):
         super().__init__(name="raylab-soak-monitor", daemon=True)
         self.run_dir = Path(run_dir)
         self.window_s = float(window_s)
         self.stale_s = float(stale_s)
         self.leak_mb_per_min = float(leak_mb_per_min)
+        self.warmup_s = float(warmup_s)  # of training before memory counts towards a leak
+        self.leak_span_s = float(leak_span_s)  # the shortest stretch a leak is judged on
         self.sample_s = float(sample_s or min(5.0, max(1.0, window_s / 4)))
         self.windows: List[Dict[str, Any]] = []
         self.classification: Optional[str] = None
@@ -230,10 +232,10 @@ class Monitor(threading.Thread):
                 if a["rss_mb"] is not None:
                     entry["rss_mb_max"] = max(entry["rss_mb_max"] or 0.0, a["rss_mb"])
                     entry["rss_mb_last"] = a["rss_mb"]
-        warm = self._first_tick is not None and time.monotonic() - self._first_tick >= WARMUP_S
+        warm = self._first_tick is not None and time.monotonic() - self._first_tick >= self.warmup_s
         for name, entry in actors.items():
             # Each actor's resident memory at the end of each window, once training has run for
-            # WARMUP_S (allocator pools, metrics and the first batches grow at first) and the
+            # warmup_s (allocator pools, metrics and the first batches grow at first) and the
             # actor has lived through one full window (a restarted actor warms up too).
             if entry.get("rss_mb_last") is not None:
                 seen = self._seen[name] = self._seen.get(name, 0) + 1
@@ -267,10 +269,10 @@ class Monitor(threading.Thread):
     # ---- verdicts ------------------------------------------------------------------------------
     def memory_slopes(self) -> Dict[str, float]:
         """MB per minute of each actor's resident memory over the windows after warm-up (at
-        least four of them, spanning LEAK_SPAN_S)."""
+        least four of them, spanning leak_span_s)."""
         out = {}
         for name, points in self._rss.items():
-            if len(points) < 4 or points[-1][0] - points[0][0] < LEAK_SPAN_S:
+            if len(points) < 4 or points[-1][0] - points[0][0] < self.leak_span_s:
                 continue
             s = slope([t / 60.0 for t, _ in points], [m for _, m in points])
             if s is not None:
@@ -364,7 +366,10 @@ def build_artifact(
     reason = None
     if classification is not None:
         if producer is not None:
-            reason = str(summary.get("error") or summary.get("stop_reason") or producer)
+            shutdown_error = ((manifest or {}).get("shutdown") or {}).get("error")
+            reason = str(
+                shutdown_error or summary.get("error") or summary.get("stop_reason") or producer
+            )
         else:
             reason = monitor.reason
     shutdown = (manifest or {}).get("shutdown")
@@ -480,6 +485,8 @@ def run_soak(
     window: str,
     stale: Optional[str],
     leak_mb_per_min: float,
+    warmup: str = "30s",
+    leak_span: str = "60s",
 ) -> int:
     from raylab.config import compose
     from raylab.metrics.rundir import resolve_run_dir
@@ -488,6 +495,8 @@ def run_soak(
     duration_s = parse_duration(duration, "--duration")
     window_s = parse_duration(window, "--window")
     stale_s = parse_duration(stale, "--stale") if stale else max(120.0, 3 * window_s)
+    warmup_s = parse_duration(warmup, "--warmup")
+    leak_span_s = parse_duration(leak_span, "--leak-span")
     if window_s > duration_s:
         raise UserError(f"--window {window} is longer than --duration {duration}")
     if leak_mb_per_min <= 0:
@@ -511,6 +520,8 @@ def run_soak(
         "window_s": window_s,
         "stale_s": stale_s,
         "leak_mb_per_min": leak_mb_per_min,
+        "warmup_s": warmup_s,
+        "leak_span_s": leak_span_s,
         "overrides": overrides,
         "cpus": os.cpu_count(),
     }
@@ -521,7 +532,9 @@ def run_soak(
         file=sys.stderr,
         flush=True,
     )
-    monitor = Monitor(run_dir, window_s, stale_s, leak_mb_per_min)
+    monitor = Monitor(
+        run_dir, window_s, stale_s, leak_mb_per_min, warmup_s=warmup_s, leak_span_s=leak_span_s
+    )
     started_at = time.time()
     monitor.start()
     code: Optional[int] = None

@@ -156,14 +156,19 @@ def shutdown_mapping(status: str, stop_reason: Optional[str], error: Optional[st
 
 
 def failure_class(error: str) -> str:
-    """A trial error's failure class, from the error Tune recorded (its text)."""
-    text = error.lower()
-    if "envrunner" in text or "enverror" in text or "env_runner" in text:
-        return "collector_failure"
-    if "learner" in text:
-        return "learner_failure"
-    if "mujoco" in text or "physics" in text:
+    """A trial error's failure class, from the error Tune recorded (its text): the physics
+    backend's worker error, then the EnvRunner, then the Learner side, by the classes and
+    modules named in the traceback (the algorithm's ``repr=...``, which names both, is left
+    out); anything else is ``unknown_failure``."""
+    import re
+
+    text = re.sub(r"repr=[^\n]*", "", error)
+    if "BackendWorkerError" in text:
         return "backend_worker_failure"
+    if re.search(r"EnvRunner|EnvError|env_runner", text):
+        return "collector_failure"
+    if re.search(r"Learner|learner_group\.py|/learner\.py|learners\.py", text):
+        return "learner_failure"
     return "unknown_failure"
 
 

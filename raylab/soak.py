@@ -79,6 +79,23 @@ def slope(xs: List[float], ys: List[float]) -> Optional[float]:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
 
 
+def rss_mb(pid: int) -> Optional[float]:
+    """Resident memory of a process on this machine in MiB (None if it cannot be read): from
+    /proc on Linux, else through the psutil that Ray ships (on the path once Ray is imported)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil
+        import ray  # noqa: F401
+
+        return psutil.Process(pid).memory_info().rss / 2**20
+    except Exception:
+        return None
+
+
 # -------------------------------------------------------------------------------- monitor
 
 
@@ -182,7 +199,6 @@ class Monitor(threading.Thread):
         address = self._ray_address()
         if address is None:
             return {}
-        import psutil
         import ray
         from ray.util.state import list_actors
 
@@ -192,10 +208,7 @@ class Monitor(threading.Thread):
             name = f"{a.class_name}-{a.actor_id[:8]}"
             rss = None
             if a.state == "ALIVE" and a.pid and a.node_id == here:
-                try:
-                    rss = psutil.Process(a.pid).memory_info().rss / 2**20
-                except (psutil.Error, OSError):
-                    rss = None
+                rss = rss_mb(a.pid)
             out[name] = {
                 "class": a.class_name,
                 "state": a.state,

@@ -38,3 +38,29 @@ def assert_only_raylab_output(output: str) -> None:
 @pytest.fixture
 def cli():
     return run_cli
+
+
+# ---------------------------------------------------------------------- the end of the session
+# One full-suite run (599 passed) then died with a segmentation fault in the interpreter's own
+# finalization, after pytest had printed its summary: native threads of the libraries the tests
+# load in this process (torch, MuJoCo's worker pools, Ray's core worker) being torn down in an
+# order Python does not control. Every test had reported by then, so the session ends with its
+# own exit status without that finalization; a crash inside a test still shows as one (pytest's
+# faulthandler prints the stacks).
+_EXIT_STATUS = {}
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _EXIT_STATUS["status"] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    if "status" not in _EXIT_STATUS or os.environ.get("RAYLAB_TEST_NORMAL_EXIT"):
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(_EXIT_STATUS["status"])

@@ -247,3 +247,26 @@ def test_a_leaking_env_is_a_resource_leak(tmp_path):
     slopes = a["memory_slope_mb_per_min"]
     runner = max((v for k, v in slopes.items() if "EnvRunner" in k), default=0)
     assert runner > 60
+
+
+def test_a_failing_physics_worker_is_a_backend_worker_failure(tmp_path):
+    # Two physics threads, so the failing one is a worker thread of the backend's pool.
+    soak = Soak(tmp_path, "env.num_threads=2", "env.debug_fail_backend_after_steps=300")
+    code, a, output = soak.result()
+    _failed_as(code, a, output, "backend_worker_failure")
+    assert "injected physics failure" in a["failure_reason"], a["failure_reason"]
+
+
+def test_the_algorithm_actor_killed_is_an_unknown_failure(tmp_path):
+    import psutil
+    import ray  # noqa: F401  (Ray ships psutil and puts it on the path)
+
+    soak = Soak(tmp_path, "training.max_failures=0")
+    soak.manifest()
+    time.sleep(3)
+    # The Algorithm's own actor (Ray titles its process ray::RaylabAPPO...): neither the
+    # collector nor the learner side, so the run cannot say which owner began the failure.
+    family = psutil.Process(soak.proc.pid).children(recursive=True)
+    (algo,) = [p for p in family if p.name().startswith("ray::RaylabAPPO")]
+    algo.kill()
+    _failed_as(*soak.result(), "unknown_failure")

@@ -112,6 +112,11 @@ def check_num_threads(num_threads, allow_overcommit: bool = False) -> int:
     return num_threads
 
 
+class BackendWorkerError(RuntimeError):
+    """The physics backend failed on one of its worker threads (the error it raised is the
+    cause); raylab names this class in a run's failure (``backend_worker_failure``)."""
+
+
 class WorkerPool:
     """T-1 persistent worker threads plus the calling thread; ``run(task)`` calls ``task(k)``
     on thread k for k = 0..T-1 (k = 0 is the caller) and returns when all are done."""
@@ -141,7 +146,7 @@ class WorkerPool:
             try:
                 task(k)
             except BaseException as e:  # re-raised in the caller
-                self._errors.append(e)
+                self._errors.append((k, e))
             finally:
                 self._done.release()
 
@@ -153,14 +158,20 @@ class WorkerPool:
             go.release()
         try:
             task(0)
+        except Exception as e:
+            self._errors.insert(0, (0, e))
         finally:
             for _ in self._go:
                 self._done.acquire()
             self._task = None
         if self._errors:
-            err = self._errors[0]
+            k, err = self._errors[0]
             self._errors.clear()
-            raise err
+            if not isinstance(err, Exception):  # KeyboardInterrupt, SystemExit: as they are
+                raise err
+            raise BackendWorkerError(
+                f"physics worker {k} failed: {type(err).__name__}: {err}"
+            ) from err
 
     def close(self) -> None:
         if self._closed:
@@ -188,6 +199,7 @@ class BatchedMujoco:
         nsubsteps: int = 10,
         allow_overcommit: bool = False,
         kick_dofs: Optional[slice] = None,
+        debug_fail_after_steps: int = 0,
     ):
         if num_envs < 1:
             raise ValueError(f"num_envs={num_envs} is invalid; it must be at least 1")
@@ -195,6 +207,9 @@ class BatchedMujoco:
         self.num_threads = check_num_threads(num_threads, allow_overcommit)
         self.nsubsteps = int(nsubsteps)
         self.prototype = prototype
+        # Test only: the last worker thread raises from this step on (0: never).
+        self._fail_after = int(debug_fail_after_steps)
+        self._steps = 0
         self.models = [copy.copy(prototype) for _ in range(self.num_envs)]
         self.datas = [mujoco.MjData(m) for m in self.models]
         # Persistent numpy views into each MjData (they alias its buffers).
@@ -270,6 +285,7 @@ class BatchedMujoco:
         else:
             self._in_kick_mask = kick_mask
             self._in_kick = kick
+        self._steps += 1
         self._pool.run(self._step_owned)
 
     def _step_owned(self, k: int) -> None:
@@ -283,6 +299,10 @@ class BatchedMujoco:
         kd = self.kick_dofs
         out = self.sensordata
         post_step = self.post_step
+        if self._fail_after and self._steps >= self._fail_after and k == len(self._owned) - 1:
+            raise RuntimeError(
+                f"injected physics failure (env.debug_fail_backend_after_steps={self._fail_after})"
+            )
         for i in self._owned[k]:
             if not active[i]:
                 continue

@@ -157,6 +157,7 @@ class BatchedVecEnv(VectorEnv, abc.ABC):
         autoreset_mode: str = "next_step",
         info_mode: str = "none",
         debug_leak_kb_per_step: int = 0,
+        debug_fail_backend_after_steps: int = 0,
         **options,
     ):
         model, nsubsteps = self._configure(options)
@@ -180,6 +181,7 @@ class BatchedVecEnv(VectorEnv, abc.ABC):
             allow_overcommit=allow_overcommit,
             # pushes set the trunk's horizontal velocity (the free joint's first two dofs)
             kick_dofs=slice(self.robot.root_dof, self.robot.root_dof + 2),
+            debug_fail_after_steps=debug_fail_backend_after_steps,
         )
         self.num_threads = self.sim.num_threads
         self.nominal = nominal_physics(self.sim.prototype)

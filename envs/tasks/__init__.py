@@ -31,6 +31,7 @@ VECTOR_ONLY_OPTIONS = (
     "autoreset_mode",
     "info_mode",
     "debug_leak_kb_per_step",
+    "debug_fail_backend_after_steps",
 )
 # Fields of EnvConfig that are raylab plumbing, not constructor options of an env.
 PLUMBING_FIELDS = ("gym_id", "num_envs", "kwargs")
@@ -72,6 +73,11 @@ class BatchedEnvConfig(EnvConfig):
         0,
         "test only: the vector env keeps this many KiB per step for good, a deliberate memory "
         "leak (what raylab soak's resource_leak check must catch); keep 0",
+    )
+    debug_fail_backend_after_steps: int = option(
+        0,
+        "test only: a physics worker thread raises from this vector step on (what raylab soak "
+        "classifies as backend_worker_failure); 0 = never, keep it",
     )
 
 

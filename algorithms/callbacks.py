@@ -96,7 +96,8 @@ def runtime_flow(algorithm) -> dict:
         learners = [r.get() if hasattr(r, "get") else r for r in statuses]
     except Exception:  # a Learner being restarted: no status this time
         learners = []
-    return {"inference_flight": flight, "learners": [s for s in learners if s is not None]}
+    # A dead Learner's entry is its error (RLlib's foreach_learner returns it): no status.
+    return {"inference_flight": flight, "learners": [s for s in learners if isinstance(s, dict)]}
 
 
 def runtime_info(algorithm) -> dict:

@@ -256,12 +256,6 @@ def _run_scenario(tmp_path, mode: str):
             # What the scenario printed, its driver's stacks among it (faulthandler, below).
             printed = e.output.decode(errors="replace") if isinstance(e.output, bytes) else ""
             message = f"{mode}: still running after {SCENARIO_TIMEOUT_S} s:\n{printed[-8000:]}"
-            if mode == "node_loss":
-                # Known open bug (issue 17): in 2 of 2 full-suite runs, and 0 of 9 runs of this
-                # module alone, training stopped making progress right after the node was
-                # removed. Reported as an expected failure with the driver's stacks until it
-                # is fixed; any other failure of the scenario fails the test.
-                pytest.xfail(message)
             pytest.fail(message)
         assert proc.returncode == 0 and out.is_file(), output[-5000:]
         yield json.loads(out.read_text()), output

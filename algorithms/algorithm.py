@@ -89,7 +89,22 @@ class RaylabAlgorithmMixin(EnvErrorPolicy):
         with trace.span("Training Step", "driver"):
             out = super().training_step()
         self.note_in_flight()
+        self.cut_iteration_on_stop()
         return out
+
+    def cut_iteration_on_stop(self) -> None:
+        """After a Ctrl-C / SIGTERM the iteration ends at this training step (each ends with a
+        learner update) instead of running more of them to fill ``min_time_s_per_iteration``
+        (``training.iteration_s``): RLlib reads the minimum from the config before every further
+        training step, so it is set to zero here (the config is frozen, hence
+        ``object.__setattr__``; a stopping run is never trained further from this object)."""
+        if self.config.min_time_s_per_iteration and self.stop_requested():
+            for key in (
+                "min_time_s_per_iteration",
+                "min_sample_timesteps_per_iteration",
+                "min_train_timesteps_per_iteration",
+            ):
+                object.__setattr__(self.config, key, 0)
 
     # -- sample requests in flight (the runtime manifest's inference_flight) ----------------
     # Each EnvRunner runs its own policy inference, so a sample request in flight is the

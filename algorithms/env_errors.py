@@ -35,6 +35,7 @@ MAX_SAME_ENV_ERRORS = 3
 BOARD_ATTR = "raylab_env_error_board"  # AlgorithmConfig attribute: the board's actor name
 RESTORE_WAIT_S = 60.0  # longest wait for a restarted EnvRunner when none is up
 _REPORT_TIMEOUT_S = 10.0
+STOP_POLL_S = 0.5  # how often the algorithm asks the board whether the driver wants a stop
 
 
 class EnvError(RuntimeError):
@@ -56,7 +57,21 @@ def create_board(name: str):
     # On the creator's node (the driver's): anywhere else it dies with that node, and a worker
     # node lost mid-run took the board and then the trial down with it.
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    return EnvErrorBoard.options(name=name, get_if_exists=True, scheduling_strategy=here).remote()
+    board = EnvErrorBoard.options(name=name, get_if_exists=True, scheduling_strategy=here).remote()
+    DRIVER_BOARDS.append(board)
+    return board
+
+
+DRIVER_BOARDS: List = []  # the boards this process created (the driver forwards stops to them)
+
+
+def forward_stop() -> None:
+    """Tell every board this driver created that a stop was requested (best effort)."""
+    for board in DRIVER_BOARDS:
+        try:
+            board.request_stop.remote()
+        except Exception:
+            pass
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -66,6 +81,13 @@ class EnvErrorBoard:
 
     def __init__(self) -> None:
         self._errors: Dict[Tuple[str, str, str], List] = {}  # (trial, kind, msg) -> [n, index]
+        self._stop = False  # the driver's stop request (Ctrl-C / SIGTERM), for the algorithm
+
+    def request_stop(self) -> None:
+        self._stop = True
+
+    def stop_requested(self) -> bool:
+        return self._stop
 
     def record(self, trial_id: str, worker_index: int, message: str, kind: str = "run") -> int:
         entry = self._errors.setdefault((str(trial_id), kind, message), [0, int(worker_index)])
@@ -157,6 +179,23 @@ class EnvErrorPolicy:
             if env_error is not None:
                 raise env_error from None
             raise e
+
+    def stop_requested(self) -> bool:
+        """Whether the driver asked the run to stop (polled at most every STOP_POLL_S)."""
+        if getattr(self, "_stop_seen", False):
+            return True
+        now = time.monotonic()
+        if now - getattr(self, "_stop_polled", 0.0) < STOP_POLL_S:
+            return False
+        self._stop_polled = now
+        board = getattr(self, "_env_error_board", None)
+        if board is None:
+            return False
+        try:
+            self._stop_seen = bool(ray.get(board.stop_requested.remote(), timeout=2.0))
+        except Exception:  # a lost board: no request reaches the algorithm this way
+            return False
+        return self._stop_seen
 
     def _env_error(self, threshold: int, kind: Optional[str] = None) -> Optional[EnvError]:
         board = getattr(self, "_env_error_board", None)

@@ -179,6 +179,7 @@ class StopRequest:
     """
 
     requested = threading.Event()
+    forwarded = threading.Event()  # passed on to the running algorithms (their boards)
     signal_name: Optional[str] = None  # the first stop signal: SIGINT (Ctrl-C) or SIGTERM
 
     @classmethod
@@ -349,6 +350,16 @@ class RaylabTuneCallback(tune.Callback):
         }
 
     # --- Tune hooks ------------------------------------------------------------------------
+    def on_step_begin(self, iteration, trials, **info):
+        # A Ctrl-C / SIGTERM reaches the running algorithm through the run's board, so an
+        # iteration that would run on to fill training.iteration_s ends at its next learner
+        # update (RaylabAlgorithmMixin.cut_iteration_on_stop).
+        if StopRequest.requested.is_set() and not StopRequest.forwarded.is_set():
+            from raylab.algorithms.env_errors import forward_stop
+
+            forward_stop()
+            StopRequest.forwarded.set()
+
     def on_trial_start(self, iteration, trials, trial, **info):
         run = self._run(trial)
         # Tune restores a (re)started trial from its newest recorded checkpoint right after this

@@ -41,7 +41,7 @@ SMALL = [
 ]
 
 
-def _start(tmp_path: Path, algo: str, *extra: str):
+def _start(tmp_path: Path, algo: str, *extra: str, iterations: int = 2):
     run_dir, log = tmp_path / "run", tmp_path / "output.txt"
     out = open(log, "w")
     proc = subprocess.Popen(
@@ -55,14 +55,14 @@ def _start(tmp_path: Path, algo: str, *extra: str):
     deadline = time.time() + STARTUP_TIMEOUT_S
     while time.time() < deadline and proc.poll() is None:
         try:
-            if read_summary(run_dir).get("training_iteration", 0) >= 2:
+            if read_summary(run_dir).get("training_iteration", 0) >= iterations:
                 return proc, run_dir, log
         except Exception:
             pass
         time.sleep(0.3)
     _end(proc)
     tail = log.read_text()[-3000:]
-    raise AssertionError(f"no second iteration in {STARTUP_TIMEOUT_S} s:\n{tail}")
+    raise AssertionError(f"no iteration {iterations} in {STARTUP_TIMEOUT_S} s:\n{tail}")
 
 
 def _end(proc: subprocess.Popen) -> None:
@@ -111,6 +111,23 @@ def test_a_stop_signal_checkpoints_closes_the_summary_and_exits_within_10_s(tmp_
     assert "raylab: stopping after this iteration" in output
     assert f"raylab: run interrupted; logs, summary and checkpoints in {run_dir}" in output
     assert_only_raylab_output(output)
+
+
+def test_ctrl_c_cuts_a_long_iteration_short_at_the_next_learner_update(tmp_path):
+    # Iterations of 60 s (training.iteration_s: RLlib repeats training steps until then). The
+    # stop reaches the algorithm through the run's board, so the iteration in progress ends
+    # after its current training step (which ends with a learner update), not 60 s later.
+    proc, run_dir, log = _start(tmp_path, "appo", "training.iteration_s=60", iterations=1)
+    time.sleep(2)  # well inside the second iteration
+    sent = time.time()
+    exited = _signal_and_wait(proc, "SIGINT", group=True, timeout=180)
+    output = log.read_text()
+    assert proc.returncode == 0, output[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["status"] == "interrupted" and summary["stop_reason"] == "user_interrupt"
+    assert summary["training_iteration"] == 2  # the cut iteration is reported and saved
+    assert (Path(summary["last_checkpoint"]) / "algorithm_state.pkl").is_file()
+    assert exited - sent < 30, (exited - sent, output[-3000:])
 
 
 def test_a_second_ctrl_c_aborts_at_once_and_leaves_a_closed_summary(tmp_path):

@@ -102,6 +102,7 @@ class RaylabSAC(RaylabAlgorithmMixin, SAC):
                 )
 
         self.note_in_flight()
+        self.cut_iteration_on_stop()
 
         # 4. Learner statistics a few times per iteration.
         now = time.perf_counter()

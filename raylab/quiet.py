@@ -77,12 +77,17 @@ def _exit_at_once(signum, frame) -> None:
             hook()
         except Exception:
             pass
+    flush_std_streams()
+    os._exit(128 + signum)
+
+
+def flush_std_streams() -> None:
+    """Flush stdout and stderr, ignoring a closed or broken stream (before ``os._exit``)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:
             pass
-    os._exit(128 + signum)
 
 
 def quiet_worker() -> None:

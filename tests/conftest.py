@@ -58,9 +58,7 @@ def pytest_sessionfinish(session, exitstatus):
 def pytest_unconfigure(config):
     if "status" not in _EXIT_STATUS or os.environ.get("RAYLAB_TEST_NORMAL_EXIT"):
         return
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
+    from raylab.quiet import flush_std_streams
+
+    flush_std_streams()
     os._exit(_EXIT_STATUS["status"])

@@ -198,6 +198,9 @@ def summarize(events: List[Dict[str, Any]]) -> Dict[str, Any]:
     for (pid, tid), phases in sorted(per.items()):
         wall_name = next((w for w in ("Iter Wall", "Rollout Wall") if w in phases), None)
         wall = sum(phases[wall_name]) if wall_name else 0.0
+        parent = per.get((pid, tid - NESTED_TRACK), {}) if tid >= NESTED_TRACK else {}
+        if "Env Step" in parent:  # a nested track: its parts as shares of their Env Steps
+            wall_name, wall = "Env Step", sum(parent["Env Step"])
         rows = []
         for name, durs in sorted(phases.items(), key=lambda kv: -sum(kv[1])):
             total = sum(durs)
@@ -207,7 +210,9 @@ def summarize(events: List[Dict[str, Any]]) -> Dict[str, Any]:
                     "count": len(durs),
                     "total_s": total / 1e6,
                     "mean_ms": total / len(durs) / 1e3,
-                    "share_of_wall": (total / wall) if wall and name != wall_name else None,
+                    "share_of_wall": (total / wall)
+                    if wall and (name != wall_name or parent)
+                    else None,
                 }
             )
         tracks.append(

@@ -28,6 +28,7 @@ from ray.rllib.algorithms.ppo import PPO
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, EVALUATION_RESULTS
 
 from raylab.algorithms.env_errors import EnvErrorPolicy
+from raylab.metrics import schema as S
 from raylab.metrics import trace
 from raylab.quiet import quiet_actor
 
@@ -143,6 +144,37 @@ class RaylabAlgorithmMixin(EnvErrorPolicy):
         if self._sample_tag is None:
             return runners
         return int(self.config.max_requests_in_flight_per_env_runner) * runners
+
+    # -- the window and the best evaluation, per result ------------------------------------
+    def update_progress(self, result: Dict[str, Any]) -> None:
+        """Write the window means and the evaluation tags into ``result`` (called from the
+        ``on_train_result`` callback, before Tune's stopper and scheduler see the result)."""
+        runners = result.get(ENV_RUNNER_RESULTS, {})
+        items = runners.pop(EPISODES_KEY, None) if isinstance(runners, dict) else None
+        if isinstance(items, tuple):  # RLlib hands a lone item over unwrapped
+            items = [items]
+        if isinstance(items, list):
+            self.reward_window.extend(i for i in items if isinstance(i, tuple) and len(i) == 2)
+        means = self.reward_window.means()
+        # NaN until the first episode completes: the driver omits non-finite values.
+        mean_return, mean_length = means if means is not None else (float("nan"),) * 2
+        result[S.TRAIN_MEAN_REWARD] = mean_return
+        result[S.TRAIN_MEAN_EPISODE_LENGTH] = mean_length
+
+        # RLlib carries the last evaluation's results into every later result: keep only an
+        # evaluation that ran in this iteration.
+        interval = self.config.evaluation_interval
+        if not (interval and self.iteration % interval == 0):
+            result.pop(EVALUATION_RESULTS, None)
+        # The best evaluation of a trained policy (the initial policy's, before training, is no
+        # checkpoint's): a new best asks Tune to checkpoint this iteration.
+        score = eval_tags(result.get(EVALUATION_RESULTS)).get(S.EVAL_MEAN_REWARD)
+        best = self.best_eval
+        if score is not None and (best is None or score > best["score"]):
+            self._best_eval = {"score": score, "iteration": int(self.iteration)}
+            result["should_checkpoint"] = True
+        if self.best_eval is not None:
+            result[BEST_EVAL_KEY] = dict(self.best_eval)
 
     # -- evaluation of the initial policy --------------------------------------------------
     def step(self):

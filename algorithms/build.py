@@ -239,8 +239,8 @@ def _ppo(cfg: DictConfig):
     a = cfg.algo
     from raylab.algorithms.algorithm import RaylabPPO
 
-    return PPOConfig(algo_class=RaylabPPO).training(
-        learner_class=RaylabPPOLearner,
+    config = PPOConfig(algo_class=RaylabPPO).learners(learner_class=RaylabPPOLearner)
+    return config.training(
         lr=a.lr,
         gamma=a.gamma,
         lambda_=a.lambda_,
@@ -266,8 +266,8 @@ def _appo(cfg: DictConfig):
     a = cfg.algo
     from raylab.algorithms.algorithm import RaylabAPPO
 
-    config = APPOConfig(algo_class=RaylabAPPO).training(
-        learner_class=RaylabAPPOLearner,
+    config = APPOConfig(algo_class=RaylabAPPO).learners(learner_class=RaylabAPPOLearner)
+    config.training(
         lr=a.lr,
         gamma=a.gamma,
         vtrace=a.vtrace,

@@ -474,6 +474,54 @@ def test_sampler_smoke_alternates_the_three_contenders(tmp_path):
     assert bad.returncode == 2 and "--sampler measures the PPO / APPO EnvRunners" in bad.stderr
 
 
+def test_sampler_trace_times_the_traced_runner_next_to_the_untraced_one(tmp_path):
+    """``--sampler --trace``: raylab's EnvRunner with this process's tracer on, in the window
+    next to the same runner untraced; the events it wrote are counted (none: not traced)."""
+    out = tmp_path / "sampler_trace.json"
+    r = run_cli(
+        "bench",
+        "train",
+        "--sampler",
+        "--trace",
+        "--seconds",
+        "0.3",
+        "--rounds",
+        "2",
+        "--out",
+        str(out),
+        "env.num_envs=4",
+        "algo.hidden=[32,32]",
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = _load(out)
+    order = ["fast", "fast_traced", "rllib", "env"]
+    assert [x["contender"] for x in res["rows"]] == order + order[::-1]
+    per = res["ratios"]["fast_traced_over_fast_per_round"]
+    assert len(per) == 2 and all(math.isfinite(x) and x > 0 for x in per)
+    # MLP Infer and Env Step every vector step, plus Env Step's nested parts (up to 6)
+    assert 2.0 <= res["trace_events_per_vector_step"] <= 8.5
+    assert "trace_overhead_lt_3%" in res["goals"]
+    assert "fast_traced_over_fast" in r.stdout
+    assert run_cli("bench", "plot", str(out)).returncode == 0
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--trace"], "--trace adds a traced contender to --sampler"),
+        (["--sampler", "--vary", "env.num_envs=4,8"], "--vary: end-to-end options"),
+        (["--sampler", "--warmup", "5"], "--warmup: end-to-end options"),
+        (["--sampler", "training.trace_enabled=true"], "add --trace for a traced one"),
+    ],
+)
+def test_sampler_refuses_options_it_would_ignore(tmp_path, args, needle):
+    r = run_cli("bench", "train", *args, "--out", str(tmp_path / "x.json"), timeout=120)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert needle in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
 @pytest.mark.slow
 def test_train_vary_runs_each_value_of_one_key_alternating(tmp_path):
     out = tmp_path / "train_vary.json"

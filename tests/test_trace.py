@@ -101,6 +101,28 @@ def test_events_from_many_threads_are_each_on_their_own_named_track(tracer):
     assert {tracks[(os.getpid(), tid)] for tid in tids} == {f"worker {i}" for i in range(4)}
 
 
+def test_formatted_events_read_back_as_the_values_written(tracer):
+    """The writer formats events itself (no dict, no json.dumps per event): names that need
+    escaping, negative durations, explicit tracks and args must still read back exactly."""
+    tr = trace.active()
+    t0 = time.perf_counter()
+    tr.complete('Env "Step" · nested\\part', t0, t0 + 0.0125, "collector")
+    tr.complete("Physics", t0 + 1.0, t0 + 0.5, "nested", track=trace.nested_track())
+    tr.complete("Learning", t0, t0 + 0.001, "phase", args={"thread_cpu_ms": 0.75, "n": "x"})
+    trace.shutdown()
+    events = load_events(next(tracer.glob("*.trace.json")))
+    assert all(event_problem(e) is None for e in events)
+    xs = [e for e in events if e.get("ph") == "X"]
+    assert [e["name"] for e in xs] == ['Env "Step" · nested\\part', "Physics", "Learning"]
+    assert [e["cat"] for e in xs] == ["collector", "nested", "phase"]
+    assert xs[0]["dur"] == pytest.approx(12500.0, abs=1e-3)
+    assert xs[0]["ts"] == pytest.approx(tr.us(t0), abs=1e-3)
+    assert xs[1]["dur"] == 0.0 and xs[1]["tid"] == trace.nested_track()
+    assert xs[0]["tid"] == threading.get_native_id() == xs[2]["tid"]
+    assert xs[2]["args"] == {"thread_cpu_ms": 0.75, "n": "x"}
+    assert all(e["pid"] == os.getpid() for e in xs)
+
+
 def test_bad_trace_files_fail_closed_with_one_line(tmp_path, cli):
     bad = tmp_path / "traces"
     bad.mkdir()

@@ -35,7 +35,9 @@ run is the machine's reference; its drift and trend give the verdict, as in the 
 from __future__ import annotations
 
 import copy
+import shutil
 import sys
+import tempfile
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -43,6 +45,7 @@ import numpy as np
 
 from raylab.bench import common as C
 from raylab.errors import UserError, choices_hint
+from raylab.metrics import trace
 
 ALGOS = ("appo", "sac", "ppo")
 SIDES = ("batched", "gym_sync")
@@ -631,11 +634,19 @@ def _summarise(
 # ------------------------------------------------------------------------- sampler only
 
 SAMPLER_CONTENDERS = ("fast", "rllib", "env")
+TRACED = "fast_traced"
 GOAL_SAMPLER_OVER_ENV = 0.85
+GOAL_TRACE_OVERHEAD = 0.03  # issue 18: tracing costs the collector under 3%
 
 
 def run_sampler_bench(
-    algo: str, task: str, overrides: Sequence[str], seconds: float, rounds: int, command: str = ""
+    algo: str,
+    task: str,
+    overrides: Sequence[str],
+    seconds: float,
+    rounds: int,
+    command: str = "",
+    with_trace: bool = False,
 ) -> Dict[str, Any]:
     """EnvRunner sampling without a learner, in this process, alternating windows of:
 
@@ -643,7 +654,10 @@ def run_sampler_bench(
       and the batched env, ``sample()`` of one rollout fragment per call;
     - ``rllib``: RLlib's own EnvRunner loop (``RaylabEnvRunner``) on the same batched env and
       module;
-    - ``env``: the batched env alone with uniform random actions (no policy): the ceiling.
+    - ``env``: the batched env alone with uniform random actions (no policy): the ceiling;
+    - ``fast_traced`` (``with_trace``): raylab's EnvRunner again with this process's tracer on
+      (``training.trace_enabled``: every vector step writes its MLP Infer / Env Step events and
+      Env Step's nested parts), into a temporary folder: what tracing costs the collector.
 
     All at the same N envs and physics threads (``env.num_threads``, auto by default). Rates are
     env steps (transitions) per wall second; ratios are taken per round (adjacent windows)."""
@@ -659,6 +673,14 @@ def run_sampler_bench(
             choices_hint(task, list(TASKS), "task") + " (--sampler needs a raylab task)"
         )
     cfg = compose_cfg(algo, task, overrides)
+    if cfg.training.trace_enabled:
+        raise UserError(
+            "training.trace_enabled=true: --sampler runs untraced contenders; add --trace for "
+            "a traced one beside them"
+        )
+    contenders = SAMPLER_CONTENDERS
+    if with_trace:  # next to its untraced self, so the pair's windows are adjacent
+        contenders = ("fast", TRACED, *SAMPLER_CONTENDERS[1:])
     n, threads = int(cfg.env.num_envs), physics_threads(cfg)
     frag = int(cfg.algo.rollout_fragment_length) if algo == "appo" else 32
     config = build_algorithm_config(cfg).env_runners(rollout_fragment_length=frag)
@@ -673,7 +695,7 @@ def run_sampler_bench(
         num_envs=n,
         num_threads=threads,
         rollout_fragment_length=frag,
-        contenders=list(SAMPLER_CONTENDERS),
+        contenders=list(contenders),
     )
     result = C.new_result("sampler", command, params, check)
     options = {
@@ -693,19 +715,29 @@ def run_sampler_bench(
         return step
 
     rows = []
+    trace_dir = tempfile.mkdtemp(prefix="raylab-sampler-trace-") if with_trace else None
+    trace_events = 0
     try:
         for runner in runners.values():
             runner.sample(num_timesteps=frag * n)  # warm-up: first reset, first forward
         env.window(0.5)
         for r in range(rounds):
-            order = SAMPLER_CONTENDERS if r % 2 == 0 else SAMPLER_CONTENDERS[::-1]
+            order = contenders if r % 2 == 0 else contenders[::-1]
             for name in order:
                 if name == "env":
                     w = env.window(seconds)
                     rate, cpu_rate = w["rate"], w["cpu_rate"]
                 else:
                     counted["steps"] = 0
-                    w = C.run_window(sampler(runners[name]), seconds, 1)
+                    if name == TRACED:  # the same runner; its rollout loop reads trace.active()
+                        trace.configure({"dir": trace_dir}, f"sampler-{r}", "sampler bench")
+                    runner = runners["fast" if name == TRACED else name]
+                    try:
+                        w = C.run_window(sampler(runner), seconds, 1)
+                    finally:
+                        if name == TRACED:
+                            trace_events += trace.active().events
+                            trace.shutdown()
                     rate = counted["steps"] / w["wall_s"]
                     cpu_rate = counted["steps"] / w["cpu_s"] if w["cpu_s"] > 0 else float("nan")
                 rows.append(
@@ -722,6 +754,9 @@ def run_sampler_bench(
         env.close()
         for runner in runners.values():
             runner.stop()
+        if trace_dir is not None:
+            trace.shutdown()
+            shutil.rmtree(trace_dir, ignore_errors=True)
     result["rows"] = rows
 
     def by(name, r):
@@ -729,13 +764,22 @@ def run_sampler_bench(
             x["env_steps_per_s"] for x in rows if x["contender"] == name and x["round"] == r
         )
 
+    pairs = [("fast", "env"), ("fast", "rllib"), ("rllib", "env")]
+    if with_trace:
+        pairs.append((TRACED, "fast"))
     ratios = {}
-    for a, b in (("fast", "env"), ("fast", "rllib"), ("rllib", "env")):
+    for a, b in pairs:
         per = [by(a, r) / by(b, r) for r in range(rounds)]
         ratios[f"{a}_over_{b}"] = float(np.median(per))
         ratios[f"{a}_over_{b}_per_round"] = per
     result["ratios"] = ratios
     result["goals"] = {"fast_ge_0.85x_env": ratios["fast_over_env"] >= GOAL_SAMPLER_OVER_ENV}
+    if with_trace:
+        steps = sum(x["env_steps_per_s"] * x["wall_s"] for x in rows if x["contender"] == TRACED)
+        result["trace_events_per_vector_step"] = trace_events / max(1.0, steps / n)
+        result["goals"][f"trace_overhead_lt_{GOAL_TRACE_OVERHEAD:.0%}"] = (
+            ratios[f"{TRACED}_over_fast"] > 1.0 - GOAL_TRACE_OVERHEAD
+        )
     # The env-alone windows are the reference: their spread says how steady the machine was.
     guard_info = C.guard([by("env", r) for r in range(rounds)])
     return C.finish_result(result, guard_info["verdict"], guard_info)
@@ -744,8 +788,10 @@ def run_sampler_bench(
 def print_sampler(res: Dict[str, Any]) -> None:
     for k, v in res["ratios"].items():
         if not k.endswith("_per_round"):
-            per = ", ".join(f"{x:.2f}" for x in res["ratios"][k + "_per_round"])
-            print(f"{k}: {v:.2f} (rounds: {per})")
+            per = ", ".join(f"{x:.3f}" for x in res["ratios"][k + "_per_round"])
+            print(f"{k}: {v:.3f} (rounds: {per})")
+    if "trace_events_per_vector_step" in res:
+        print(f"trace events per vector step: {res['trace_events_per_vector_step']:.1f}")
     for k, v in res["goals"].items():
         print(f"goal {k}: {'met' if v else 'NOT met'}")
     p = res["params"]
@@ -842,6 +888,12 @@ def parser():
         "per window; --rounds)",
     )
     p.add_argument(
+        "--trace",
+        action="store_true",
+        help="with --sampler: add raylab's EnvRunner with tracing on (training.trace_enabled) "
+        "as a fourth contender: what tracing costs the collector",
+    )
+    p.add_argument(
         "--out",
         default=None,
         help="result JSON; None: runs/bench/train_<algo>.json (--sampler: "
@@ -856,13 +908,48 @@ def parser():
     return p
 
 
+# Options of the end-to-end runs that --sampler has no use for (refused there, not ignored).
+END_TO_END_ONLY = (
+    "warmup",
+    "sides",
+    "no_stock_sac",
+    "torch_limit_seconds",
+    "ref_seconds",
+    "drift_limit",
+    "trend_limit",
+    "vary",
+)
+
+
 def main(argv: Sequence[str]) -> int:
     args = parser().parse_args(list(argv))
     command = C.command_line("raylab bench train", argv)
     print(command, flush=True)
+    if args.trace and not args.sampler:
+        raise UserError(
+            "--trace adds a traced contender to --sampler; end to end, use "
+            "--vary training.trace_enabled=false,true"
+        )
     if args.sampler:
+        defaults = parser().parse_args([])
+        ignored = [
+            "--" + k.replace("_", "-")
+            for k in END_TO_END_ONLY
+            if getattr(args, k) != getattr(defaults, k)
+        ]
+        if ignored:
+            raise UserError(
+                f"{', '.join(ignored)}: end-to-end options, not used by --sampler (which takes "
+                "--algo, --task, --seconds, --rounds, --trace, --out and config overrides)"
+            )
         res = run_sampler_bench(
-            args.algo, args.task, args.overrides, args.seconds, args.rounds, command=command
+            args.algo,
+            args.task,
+            args.overrides,
+            args.seconds,
+            args.rounds,
+            command=command,
+            with_trace=args.trace,
         )
         print_sampler(res)
         path = C.save_result(res, args.out or f"runs/bench/sampler_{args.algo}.json")

@@ -31,7 +31,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from raylab.quiet import on_fast_exit
 
@@ -59,6 +59,7 @@ class Tracer:
         self._lock = threading.Lock()
         self._pending: List[str] = []
         self._named_threads: Dict[int, str] = {}
+        self._heads: Dict[Tuple[str, str], str] = {}  # (name, cat) -> the event's fixed head
         self._count = 0
         self._last_flush = time.monotonic()
         self._first = True
@@ -70,6 +71,12 @@ class Tracer:
             "raylab_clock",
             {"clock": "wall time (time.time), microseconds", "role": role, "pid": self.pid},
         )
+
+    @property
+    def events(self) -> int:
+        """Complete events emitted so far (metadata not counted; past ``MAX_EVENTS`` they are
+        counted, not written)."""
+        return self._count
 
     # ---- events ----------------------------------------------------------------------------
     def us(self, perf_s: float) -> float:
@@ -86,22 +93,28 @@ class Tracer:
         args: Optional[Dict[str, Any]] = None,
     ) -> None:
         """One complete event from ``start`` to ``end`` (``perf_counter`` seconds) on the
-        calling thread (or on ``track``, a thread id of this process)."""
+        calling thread (or on ``track``, a thread id of this process).
+
+        The rollout loop calls this several times per vector step, so the event is formatted
+        directly (its fixed head, ``name`` and ``cat`` JSON-escaped once and cached) rather
+        than built as a dict and passed through ``json.dumps``: about a quarter of the CPU."""
         tid = threading.get_native_id() if track is None else track
         if tid not in self._named_threads:
             self._name_thread(tid)
-        event = {
-            "name": name,
-            "cat": cat,
-            "ph": "X",
-            "ts": round(self.us(start), 3),
-            "dur": round(max(0.0, end - start) * 1e6, 3),
-            "pid": self.pid,
-            "tid": tid,
-        }
+        head = self._heads.get((name, cat))
+        if head is None:
+            head = f'{{"name":{json.dumps(name)},"cat":{json.dumps(cat)},"ph":"X","ts":'
+            self._heads[(name, cat)] = head
+        dur = (end - start) * 1e6
+        line = (
+            f'{head}{start * 1e6 + self._offset_us:.3f},"dur":{dur if dur > 0.0 else 0.0:.3f},'
+            f'"pid":{self.pid},"tid":{tid}'
+        )
         if args:
-            event["args"] = args
-        self._emit(event)
+            line += f',"args":{json.dumps(args, separators=(",", ":"))}}}'
+        else:
+            line += "}"
+        self._emit_line(line)
 
     def name_thread(self, name: str, tid: Optional[int] = None) -> None:
         """Give the calling thread (or ``tid``) a track name."""
@@ -131,7 +144,9 @@ class Tracer:
         self._emit(event, meta=True)
 
     def _emit(self, event: Dict[str, Any], meta: bool = False) -> None:
-        line = json.dumps(event, separators=(",", ":"))
+        self._emit_line(json.dumps(event, separators=(",", ":")), meta)
+
+    def _emit_line(self, line: str, meta: bool = False) -> None:
         with self._lock:
             if self._closed:
                 return

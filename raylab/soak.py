@@ -13,8 +13,8 @@ few seconds:
 Every ``--window`` seconds the samples become one window: throughput, iterations, memory per
 actor, object store, restarts. The monitor stops the run (after the current iteration, like
 Ctrl-C) when progress stalls for ``--stale-s`` seconds (``timeout/stale_tick``) or an actor's
-memory grows faster than ``--leak-mb-per-min`` across the windows after the first
-(``resource_leak``).
+memory, or the object store's use, grows faster than ``--leak-mb-per-min`` across the windows
+after warm-up (``resource_leak``).
 
 ``soak.json`` (:data:`SOAK_SCHEMA_VERSION`) accepts metric schema 1 and runtime manifest 1 only.
 ``failure_classification`` is null on a pass; else the producer's class when the run failed on
@@ -97,6 +97,10 @@ def rss_mb(pid: int) -> Optional[float]:
 
 
 # -------------------------------------------------------------------------------- monitor
+
+
+# The object store's use, beside the actors in the memory slopes and the leak check.
+OBJECT_STORE = "object store"
 
 
 class Monitor(threading.Thread):
@@ -255,6 +259,8 @@ class Monitor(threading.Thread):
                 if warm and seen > 1:
                     self._rss.setdefault(name, []).append((last["t"], entry["rss_mb_last"]))
         stores = [s["object_store_mb"] for s in samples if s["object_store_mb"] is not None]
+        if warm and stores:  # judged like an actor's memory: a steady rise is a leak too
+            self._rss.setdefault(OBJECT_STORE, []).append((last["t"], stores[-1]))
         rss_total = sum(a.get("rss_mb_last") or 0.0 for a in actors.values())
         self.windows.append(
             {
@@ -281,8 +287,9 @@ class Monitor(threading.Thread):
 
     # ---- verdicts ------------------------------------------------------------------------------
     def memory_slopes(self) -> Dict[str, float]:
-        """MB per minute of each actor's resident memory over the windows after warm-up (at
-        least four of them, spanning leak_span_s)."""
+        """MB per minute of each actor's resident memory, and of the object store's use
+        (:data:`OBJECT_STORE`), over the windows after warm-up (at least four of them, spanning
+        leak_span_s)."""
         out = {}
         for name, points in self._rss.items():
             if len(points) < 4 or points[-1][0] - points[0][0] < self.leak_span_s:

@@ -208,7 +208,12 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
         RaylabTuneCallback,
         StopRequest,
     )
-    from raylab.train import TUNE_DIR, algorithm_class, init_ray
+    from raylab.train import (
+        TUNE_DIR,
+        algorithm_class,
+        init_ray,
+        release_resolved_trial_futures,
+    )
 
     if resume:
         sweep_dir = Path(resume).absolute()  # Tune's storage path must be absolute
@@ -239,6 +244,7 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
     board_ref = board_name(Path(sweep_dir).resolve())
     board = create_board(board_ref)  # noqa: F841  (kept alive while the sweep runs)
     trainable = make_trainable(spec, gpus, board_ref)
+    release_resolved_trial_futures()
     StopRequest.install()
 
     def run_dir_for(trial):

@@ -101,6 +101,35 @@ def test_durations_and_slopes():
     assert slope([1, 1], [0, 5]) is None
 
 
+@pytest.mark.parametrize("mb_per_s, leak", [(1.0, True), (0.0, False)])
+def test_a_rising_object_store_is_a_resource_leak(tmp_path, monkeypatch, mb_per_s, leak):
+    """The monitor's windows fed directly (no run): the object store's use is judged like an
+    actor's memory, by its slope over the windows after warm-up."""
+    from raylab import soak as soak_mod
+    from raylab.reporting import StopRequest
+
+    stops = []
+    monkeypatch.setattr(StopRequest, "request", classmethod(lambda cls, *a: stops.append(a)))
+    m = soak_mod.Monitor(
+        tmp_path, window_s=10, stale_s=1e6, leak_mb_per_min=5, warmup_s=0, leak_span_s=30
+    )
+    m._first_tick = m._last_tick = time.monotonic()
+    for i in range(6):
+        t = 10.0 * (i + 1)
+        m._samples = [
+            {"t": x, "env_steps": int(100 * x), "iteration": i, "actors": {}, "object_store_mb": y}
+            for x, y in ((t - 5, 2 + mb_per_s * (t - 5)), (t, 2 + mb_per_s * t))
+        ]
+        m._close_window(0.0)
+    assert m.memory_slopes()[soak_mod.OBJECT_STORE] == pytest.approx(60 * mb_per_s, abs=1e-6)
+    m._check()
+    if leak:
+        assert m.classification == "resource_leak" and "object store" in m.reason, m.reason
+        assert len(stops) == 1
+    else:
+        assert m.classification is None and not stops
+
+
 def test_bad_soak_options_are_one_line(cli):
     r = cli("soak", "--duration", "0")
     assert r.returncode == 2 and "--duration=0" in r.stderr

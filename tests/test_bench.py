@@ -442,14 +442,13 @@ def test_train_smoke(tmp_path, algo):
     assert run_cli("bench", "plot", str(out)).returncode == 0
 
 
-def test_sampler_smoke_alternates_the_three_contenders(tmp_path):
-    out = tmp_path / "sampler.json"
+def _sampler_smoke(out, *extra):
+    """A tiny ``bench train --sampler`` run (2 rounds of 0.3 s, 4 envs): its output and JSON."""
     r = run_cli(
         "bench",
         "train",
-        "--algo",
-        "appo",
         "--sampler",
+        *extra,
         "--seconds",
         "0.3",
         "--rounds",
@@ -461,7 +460,12 @@ def test_sampler_smoke_alternates_the_three_contenders(tmp_path):
         timeout=300,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    res = _load(out)
+    return r, _load(out)
+
+
+def test_sampler_smoke_alternates_the_three_contenders(tmp_path):
+    out = tmp_path / "sampler.json"
+    r, res = _sampler_smoke(out, "--algo", "appo")
     assert res["kind"] == "sampler" and res["command"].startswith("raylab bench train")
     assert [x["contender"] for x in res["rows"]] == ["fast", "rllib", "env", "env", "rllib", "fast"]
     assert all(x["env_steps_per_s"] > 0 for x in res["rows"])
@@ -478,23 +482,7 @@ def test_sampler_trace_times_the_traced_runner_next_to_the_untraced_one(tmp_path
     """``--sampler --trace``: raylab's EnvRunner with this process's tracer on, in the window
     next to the same runner untraced; the events it wrote are counted (none: not traced)."""
     out = tmp_path / "sampler_trace.json"
-    r = run_cli(
-        "bench",
-        "train",
-        "--sampler",
-        "--trace",
-        "--seconds",
-        "0.3",
-        "--rounds",
-        "2",
-        "--out",
-        str(out),
-        "env.num_envs=4",
-        "algo.hidden=[32,32]",
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    res = _load(out)
+    r, res = _sampler_smoke(out, "--trace")
     order = ["fast", "fast_traced", "rllib", "env"]
     assert [x["contender"] for x in res["rows"]] == order + order[::-1]
     per = res["ratios"]["fast_traced_over_fast_per_round"]

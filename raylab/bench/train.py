@@ -56,6 +56,10 @@ BENCH_OVERRIDES = (
     "resources.dashboard=false",
     "training.eval_every=0",
     "training.eval_before_train=false",
+    # A benchmark does not restart lost EnvRunners; with restarts on, Ray's core worker in this
+    # process (the bench builds the algorithm here, not in a Tune trial) prints an ERROR line
+    # for every EnvRunner created with its config in the object store (raylab/quiet.py).
+    "training.max_env_runner_restarts=0",
 )
 SETTLE_S = 2.0  # pause after a training run, before its reference window
 # End to end, raylab's default path against stock RLlib (PPO / APPO): at least 2x.
@@ -224,6 +228,10 @@ def stock_sac_config(cfg):
             min_train_timesteps_per_iteration=0,
         )
         .debugging(seed=cfg.training.seed, log_level="ERROR")
+        .fault_tolerance(
+            restart_failed_env_runners=cfg.training.max_env_runner_restarts > 0,
+            max_num_env_runner_restarts=int(cfg.training.max_env_runner_restarts),
+        )
     )
     return config
 

@@ -156,11 +156,7 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
         )
         .evaluation(**evaluation_options(cfg, RaylabEvalEnvRunner))
         .debugging(seed=cfg.training.seed, log_level="ERROR", log_sys_usage=False)
-        .fault_tolerance(
-            restart_failed_env_runners=cfg.training.max_env_runner_restarts > 0,
-            max_num_env_runner_restarts=int(cfg.training.max_env_runner_restarts),
-            delay_between_env_runner_restarts_s=1.0,
-        )
+        .fault_tolerance(**env_runner_restarts(cfg), delay_between_env_runner_restarts_s=1.0)
     )
     config.raylab_eval_before_train = bool(cfg.training.eval_before_train)
     config.raylab_eval_seed = int(cfg.training.eval_seed)
@@ -287,6 +283,12 @@ def _appo(cfg: DictConfig):
     # machine a spinning driver takes a core from the EnvRunners and the Learner.
     config.timeout_s_sampler_manager = 0.02
     return config.env_runners(rollout_fragment_length=a.rollout_fragment_length)
+
+
+def env_runner_restarts(cfg: DictConfig) -> Dict[str, Any]:
+    """RLlib's fault-tolerance options for ``training.max_env_runner_restarts`` (0: off)."""
+    n = int(cfg.training.max_env_runner_restarts)
+    return {"restart_failed_env_runners": n > 0, "max_num_env_runner_restarts": n}
 
 
 def sac_training_kwargs(a) -> dict:

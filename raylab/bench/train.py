@@ -195,7 +195,12 @@ def stock_sac_training_intensity(cfg) -> float:
 def stock_sac_config(cfg):
     from ray.rllib.algorithms.sac import SACConfig
 
-    from raylab.algorithms.build import env_id_for_runner, env_options, sac_training_kwargs
+    from raylab.algorithms.build import (
+        env_id_for_runner,
+        env_options,
+        env_runner_restarts,
+        sac_training_kwargs,
+    )
     from raylab.envs.tasks import TASKS
 
     a, r = cfg.algo, cfg.resources
@@ -228,10 +233,7 @@ def stock_sac_config(cfg):
             min_train_timesteps_per_iteration=0,
         )
         .debugging(seed=cfg.training.seed, log_level="ERROR")
-        .fault_tolerance(
-            restart_failed_env_runners=cfg.training.max_env_runner_restarts > 0,
-            max_num_env_runner_restarts=int(cfg.training.max_env_runner_restarts),
-        )
+        .fault_tolerance(**env_runner_restarts(cfg))
     )
     return config
 

@@ -32,12 +32,13 @@ install: $(STAMP)
 train: $(STAMP)
 	$(BIN)/raylab train $(ARGS)
 
+# Everything (what CI runs); the 25 slowest tests are listed at the end (docs/testing.md).
 test: lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --durations=25 $(PYTEST_ARGS)
 
-# Everything but the slow learning tests.
+# The inner loop: no learning runs, no multi-process fault scenarios (tests marked slow).
 test-fast: lint
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" --durations=10 $(PYTEST_ARGS)
 
 # ruff (lint + format) and the layer contracts in pyproject.toml. import-linter reads one
 # package tree, so the installed layout (envs/ -> raylab/envs, algorithms/ -> raylab/algorithms)

@@ -67,9 +67,12 @@ def env_id_for_runner(cfg: DictConfig) -> str:
     return cfg.env.gym_id
 
 
-def resolve_num_gpus_per_learner(cfg: DictConfig, cluster_gpus: float) -> float:
+def resolve_num_gpus_per_learner(
+    cfg: DictConfig, cluster_gpus: float, where: str = "this Ray cluster"
+) -> float:
     """GPUs per Learner: the configured value, or 1 when the cluster has a GPU (null = auto);
-    GPU-only options on CPU learners are refused here, where the device is known."""
+    GPU-only options on CPU learners are refused here, where the device is known. ``where``
+    names the cluster in the refusal ("this machine" before a local Ray starts)."""
     want = cfg.resources.num_gpus_per_learner
     if want is None:
         gpus = 1.0 if cluster_gpus >= 1 else 0.0
@@ -78,7 +81,7 @@ def resolve_num_gpus_per_learner(cfg: DictConfig, cluster_gpus: float) -> float:
     check_device_options(cfg, float(want))
     if want > 0 and cluster_gpus < want * max(1, cfg.resources.num_learners):
         raise UserError(
-            f"resources.num_gpus_per_learner={want} but this Ray cluster has {cluster_gpus:g} "
+            f"resources.num_gpus_per_learner={want} but {where} has {cluster_gpus:g} "
             "GPU(s); use resources.num_gpus_per_learner=0 (CPU) or null (auto)"
         )
     return float(want)

@@ -206,9 +206,15 @@ class Monitor(threading.Thread):
         import ray
         from ray.util.state import list_actors
 
-        here = ray.get_runtime_context().get_node_id()
+        context = ray.get_runtime_context()
+        here, job = context.get_node_id(), context.get_job_id()
         out: Dict[str, Dict[str, Any]] = {}
-        for a in list_actors(address=address, detail=True, raise_on_missing_output=False):
+        # This run's actors only: on a shared cluster other jobs' actors (and those of earlier
+        # runs, kept by the state API after they died) are not this soak's.
+        filters = [("job_id", "=", job)]
+        for a in list_actors(
+            address=address, filters=filters, detail=True, raise_on_missing_output=False
+        ):
             name = f"{a.class_name}-{a.actor_id[:8]}"
             rss = None
             if a.state == "ALIVE" and a.pid and a.node_id == here:

@@ -199,7 +199,7 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
     from ray import tune
     from ray.tune.schedulers import FIFOScheduler
 
-    from raylab.algorithms.build import build_algorithm_config, resolve_num_gpus_per_learner
+    from raylab.algorithms.build import build_algorithm_config
     from raylab.algorithms.env_errors import board_name, create_board
     from raylab.placement import check_resources
     from raylab.reporting import (
@@ -211,8 +211,11 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
     from raylab.train import (
         TUNE_DIR,
         algorithm_class,
+        check_devices,
         init_ray,
+        local_gpus,
         release_resolved_trial_futures,
+        starts_local_ray,
     )
 
     if resume:
@@ -226,8 +229,10 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
 
     # Join the cluster and hold one trial's resource request against it before the sweep
     # directory is claimed (trials run as many at once as the cluster grants).
+    if starts_local_ray(spec.base):  # refusals that need no Ray come before it starts
+        check_devices(spec.base, local_gpus(), "this machine")
     resources = init_ray(spec.base)
-    gpus = resolve_num_gpus_per_learner(spec.base, resources.get("GPU", 0.0))
+    gpus = check_devices(spec.base, resources.get("GPU", 0.0))
     check_resources(
         spec.base,
         algorithm_class(spec.algo),

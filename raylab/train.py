@@ -216,21 +216,54 @@ def algorithm_class(name: str):
     return {"ppo": RaylabPPO, "appo": RaylabAPPO, "sac": RaylabSAC}[name]
 
 
-def prepare(cfg: DictConfig):
-    """Join (or start) Ray, build the AlgorithmConfig and hold its resource request against the
-    cluster (raylab.placement): a run that cannot start fails here, before a run directory is
-    claimed. Returns (trainable, algo_config, num_gpus_per_learner)."""
-    from raylab.algorithms.build import build_algorithm_config, resolve_num_gpus_per_learner
-    from raylab.placement import check_resources
+def starts_local_ray(cfg: DictConfig) -> bool:
+    """Whether init_ray would start a private Ray in this process (no cluster to join)."""
+    import ray
 
-    resources = init_ray(cfg)
-    gpus = resolve_num_gpus_per_learner(cfg, resources.get("GPU", 0.0))
+    if ray.is_initialized():
+        return False
+    address = cfg.resources.ray_address or os.environ.get("RAY_ADDRESS") or None
+    return not address and _job_env_vars() is None
+
+
+def local_gpus() -> float:
+    """The GPUs a Ray started on this machine would find: the CUDA devices this process sees
+    (CUDA_VISIBLE_DEVICES applies to both)."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return 0.0
+    return float(torch.cuda.device_count()) if torch.cuda.is_available() else 0.0
+
+
+def check_devices(cfg: DictConfig, cluster_gpus: float, where: str = "the cluster") -> float:
+    """GPUs per Learner for a cluster with ``cluster_gpus`` GPUs; a GPU option that cannot
+    work there is refused with one line."""
+    from raylab.algorithms.build import resolve_num_gpus_per_learner
+
+    gpus = resolve_num_gpus_per_learner(cfg, cluster_gpus, where)
     if cfg.training.trace_cuda_events and not gpus:
         raise UserError(
             "training.trace_cuda_events=true needs GPU learners; this run's learners are on "
-            f"CPU (the cluster has {resources.get('GPU', 0.0):g} GPU), where there are no CUDA "
-            "events to time: drop it (trace_enabled alone traces every phase)"
+            f"CPU ({where} has {cluster_gpus:g} GPU), where there are no CUDA events to time: "
+            "drop it (trace_enabled alone traces every phase)"
         )
+    return gpus
+
+
+def prepare(cfg: DictConfig):
+    """Join (or start) Ray, build the AlgorithmConfig and hold its resource request against the
+    cluster (raylab.placement): a run that cannot start fails here, before a run directory is
+    claimed. What can be refused from the config and this machine alone (a GPU option without
+    a GPU for a Ray started here) is refused before Ray starts. Returns (trainable,
+    algo_config, num_gpus_per_learner)."""
+    from raylab.algorithms.build import build_algorithm_config
+    from raylab.placement import check_resources
+
+    if starts_local_ray(cfg):
+        check_devices(cfg, local_gpus(), "this machine")
+    resources = init_ray(cfg)
+    gpus = check_devices(cfg, resources.get("GPU", 0.0))
     algo_config = build_algorithm_config(cfg, num_gpus_per_learner=gpus)
     trainable = algorithm_class(cfg.algo.name)
     check_resources(cfg, trainable, algo_config)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -24,6 +27,31 @@ def run_cli(*args: str, cwd=None, env=None, timeout=120) -> subprocess.Completed
     )
 
 
+def run_main(*args: str) -> SimpleNamespace:
+    """``raylab.cli.main`` in this process, for tests whose subject is not the console script
+    itself: the exit code it returns and what it printed (no interpreter start, no imports)."""
+    from raylab.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+
+
+def wait_for_tune_snapshot(root: Path, after: float, timeout: float = 30.0) -> None:
+    """Poll until Tune has written its experiment state (which checkpoint a resume restores)
+    somewhere under ``root`` later than ``after`` (time.time()). Tune snapshots at most every
+    TUNE_GLOBAL_CHECKPOINT_S (5 s, set by raylab.train.init_ray)."""
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if any(p.stat().st_mtime > after for p in root.rglob("experiment_state*.json")):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"Tune wrote no experiment state under {root} within {timeout:.0f} s")
+
+
 # What a healthy run must not print: a traceback, an ERROR line, a library warning.
 NOT_RAYLAB = re.compile(r"Traceback|ERROR|WARNING|Warning\b|warn\(")
 
@@ -38,6 +66,181 @@ def assert_only_raylab_output(output: str) -> None:
 @pytest.fixture
 def cli():
     return run_cli
+
+
+# ---------------------------------------------------------------------- the in-process Ray
+# One Ray started in the test process, for the tests that call Ray or RLlib here (actors of
+# their own, an Algorithm built in process, the dashboard gauges on the node's metrics
+# endpoint). Started on first use, shut down at the end of the session. (Multi-node
+# cluster_utils.Clusters run in subprocesses of their own: tests/test_cluster_placement.py.)
+IN_PROCESS_CPUS = 4
+
+
+class InProcessRay:
+    def __init__(self):
+        self.metrics_url = None
+        self.temp_dir = None
+
+    def ensure(self) -> "InProcessRay":
+        import socket
+        import tempfile
+
+        import ray
+
+        if ray.is_initialized():
+            return self
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.temp_dir = tempfile.mkdtemp(prefix="rlp", dir="/tmp")  # short: socket path limit
+        ray.init(
+            address="local",
+            num_cpus=IN_PROCESS_CPUS,
+            include_dashboard=False,
+            log_to_driver=False,
+            _temp_dir=self.temp_dir,
+            _metrics_export_port=port,
+            _system_config={"metrics_report_interval_ms": 500},
+        )
+        node = ray.nodes()[0]
+        self.metrics_url = (
+            f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
+        )
+        return self
+
+    def shutdown(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        if self.temp_dir:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+            self.temp_dir = None
+
+
+@pytest.fixture(scope="session")
+def _in_process_ray():
+    holder = InProcessRay()
+    yield holder
+    holder.shutdown()
+
+
+@pytest.fixture
+def ray_in_process(_in_process_ray):
+    """The test process's Ray (IN_PROCESS_CPUS CPUs, metrics exported every 0.5 s)."""
+    return _in_process_ray.ensure()
+
+
+# ---------------------------------------------------------------------- the shared Ray head
+# One real `ray start --head` (token authentication on) for every test that submits jobs or
+# joins a cluster as a driver: jobs, resources, fault tolerance, soak, env errors and the
+# golden runs. Sized for the largest scenario (two EnvRunners, a Learner and the algorithm's
+# own actor of a fault-tolerance run: 4 CPUs); `ray job stop` waits 120 s before its SIGKILL,
+# as the cluster configs set it, so a stopped run can checkpoint; the head's workers import
+# the test envs of tests/fixtures (faulty_env). Started on first use, stopped at the end.
+FIXTURES = REPO / "tests" / "fixtures"
+HEAD_CPUS = 4
+
+
+@pytest.fixture(scope="session")
+def ray_head():
+    from heads import LocalHead
+
+    pythonpath = os.pathsep.join(filter(None, [str(FIXTURES), os.environ.get("PYTHONPATH")]))
+    head_env = {"RAY_JOB_STOP_WAIT_TIME_S": "120", "PYTHONPATH": pythonpath}
+    with LocalHead(num_cpus=HEAD_CPUS, head_env=head_env) as head:
+        yield head
+
+
+@pytest.fixture
+def idle_head(ray_head):
+    """The shared head with nothing of an earlier test left on it."""
+    ray_head.wait_idle()
+    yield ray_head
+
+
+def head_driver_env(head) -> dict:
+    """Environment of a `raylab` driver that joins the shared head (token and address)."""
+    env = head.env()
+    env["RAY_ADDRESS"] = head.gcs_address
+    return env
+
+
+# ---------------------------------------------------------------------- the golden runs
+# Each (algorithm, task) trains once per test session, on first use, and the train, trace,
+# manifest, checkpoint, eval and metrics tests read what it left: PPO, APPO and SAC on a
+# Gymnasium id and on microduck_balance (the robot runs traced). The runs join the shared
+# head (the local-Ray path of `raylab train` is the subject of tests/test_output.py).
+GOLDEN_ALGOS = ("ppo", "appo", "sac")
+GOLDEN_TASKS = ("Pendulum-v1", "microduck_balance")
+EVAL_EVERY, EVAL_EPISODES = 3, 4
+OUTPUT_FILE = "output.txt"  # what `raylab train` printed, next to its run directory
+# Small, fast settings per algorithm so each run does several iterations in its budget.
+FAST = {
+    "ppo": ["algo.train_batch_size=512", "algo.minibatch_size=128", "algo.num_epochs=2"],
+    "appo": ["algo.train_batch_size=256"],
+    "sac": ["algo.learning_starts=200", "algo.batch_size=64"],
+}
+COMMON = [
+    "resources.dashboard=false",
+    "training.terminal=plain",
+    "training.checkpoint_every=2",
+    "algo.hidden=[64,64]",
+    f"training.eval_every={EVAL_EVERY}",
+    f"training.eval_episodes={EVAL_EPISODES}",
+]
+TRACED = ("training.trace_enabled=true", "training.trace_thread_time=true")
+
+
+def train_run(
+    base: Path, algo: str, task: str, seconds: float, extra=(), env=None, timeout=600
+) -> Path:
+    """`raylab train` of a small run into base/run; what it printed goes to base/output.txt."""
+    run_dir = base / "run"
+    r = run_cli(
+        "train",
+        "--algo",
+        algo,
+        "--task",
+        task,
+        f"training.log_dir={run_dir}",
+        f"training.time_budget_s={seconds}",
+        "env.num_envs=4",
+        *COMMON,
+        *FAST[algo],
+        *extra,
+        env=env,
+        timeout=timeout,
+    )
+    (base / OUTPUT_FILE).write_text(r.stdout + r.stderr)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"run directory: {run_dir}" in r.stderr
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def golden(tmp_path_factory, ray_head):
+    """golden(algo, task) -> the run directory of that golden run (trained on first use)."""
+    cache = {}
+
+    def get(algo: str, task: str = "Pendulum-v1") -> Path:
+        if (algo, task) not in cache:
+            ray_head.wait_idle()
+            base = tmp_path_factory.mktemp(f"golden_{algo}_{task.replace('/', '_')}")
+            extra, seconds = (), 14
+            if task == "microduck_balance":
+                extra = TRACED
+            if (algo, task) == ("sac", "microduck_balance"):
+                # SAC samples about 60-100 env steps/s here and a Microduck episode is 250
+                # steps: stop on steps, so that every env ends its first episode (1,200 steps
+                # on 4 envs) and Train/mean_reward is there.
+                extra, seconds = TRACED + ("training.total_steps=1200",), 180
+            cache[algo, task] = train_run(
+                base, algo, task, seconds, extra, env=head_driver_env(ray_head)
+            )
+        return cache[algo, task]
+
+    return get
 
 
 # ---------------------------------------------------------------------- the end of the session

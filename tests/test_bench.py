@@ -9,7 +9,7 @@ import math
 import os
 
 import pytest
-from conftest import run_cli
+from conftest import head_driver_env, run_cli
 
 from raylab.bench import common as C
 
@@ -399,7 +399,7 @@ def test_compare_smoke_alternates_backends(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["appo", "sac"])
-def test_train_smoke(tmp_path, algo):
+def test_train_smoke(tmp_path, algo, idle_head):
     out = tmp_path / f"train_{algo}.json"
     extra = {
         "appo": ["algo.train_batch_size=128"],
@@ -421,6 +421,7 @@ def test_train_smoke(tmp_path, algo):
         "env.num_envs=4",
         "algo.hidden=[32,32]",
         *extra,
+        env=head_driver_env(idle_head),  # the session's Ray head: no Ray of its own to start
         timeout=900,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -513,7 +514,7 @@ def test_sampler_refuses_options_it_would_ignore(tmp_path, args, needle):
 
 
 @pytest.mark.slow
-def test_train_vary_runs_each_value_of_one_key_alternating(tmp_path):
+def test_train_vary_runs_each_value_of_one_key_alternating(tmp_path, idle_head):
     out = tmp_path / "train_vary.json"
     r = run_cli(
         "bench",
@@ -537,6 +538,7 @@ def test_train_vary_runs_each_value_of_one_key_alternating(tmp_path):
         "env.num_envs=4",
         "algo.hidden=[32,32]",
         "algo.train_batch_size=128",
+        env=head_driver_env(idle_head),
         timeout=900,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

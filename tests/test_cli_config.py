@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 import yaml
 from omegaconf import OmegaConf
@@ -144,13 +147,16 @@ BAD = [
 
 
 @pytest.mark.parametrize("argv,needles", BAD, ids=[" ".join(a) for a, _ in BAD])
-def test_bad_input_is_one_line_exit_2(argv, needles, cli):
-    r = cli("train", *argv, "--print-config")
-    assert r.returncode == 2
-    assert r.stdout == ""
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1, r.stderr
-    assert "Traceback" not in r.stderr
+def test_bad_input_is_one_line_exit_2(argv, needles, capsys):
+    # raylab.cli.main in this process: its return value is the command's exit code
+    # (test_refusals_need_no_ray runs the console script itself).
+    code = main(["train", *argv, "--print-config"])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
     assert lines[0].startswith("raylab")
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
@@ -229,3 +235,54 @@ def test_unknown_subcommand_is_one_line(cli):
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1
     assert "fly" in r.stderr and "train" in r.stderr
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+# Refusals that the config and this machine decide: one line and exit code 2 before any Ray
+# starts (RAY_TMPDIR points Ray's session folders into an empty folder that must stay empty).
+NO_RAY_REFUSALS = [
+    (
+        ["--task", "Pendulum-v1", "resources.num_gpus_per_learner=1"],
+        ["num_gpus_per_learner=1", "this machine has 0 GPU"],
+    ),
+    (
+        ["training.trace_enabled=true", "training.trace_cuda_events=true"],
+        ["trace_cuda_events=true", "GPU learners", "this machine has 0 GPU"],
+    ),
+    (["--algo", "sac", "algo.torch_compile=true"], ["algo.torch_compile=true", "GPU learner"]),
+    (["--task", "NoSuchEnv-v9"], ["NoSuchEnv-v9"]),
+    (["algo.nope=1"], ["unknown config key 'algo.nope'"]),
+]
+
+
+@pytest.mark.skipif(_has_gpu(), reason="the GPU refusals are for a machine without a GPU")
+@pytest.mark.parametrize(
+    "argv,needles", NO_RAY_REFUSALS, ids=[" ".join(a) for a, _ in NO_RAY_REFUSALS]
+)
+def test_refusals_need_no_ray(argv, needles, cli, tmp_path):
+    import tempfile
+
+    ray_tmp = tempfile.mkdtemp(prefix="rlnr", dir="/tmp")  # short: Ray's socket path limit
+    try:
+        r = cli(
+            "train",
+            *argv,
+            f"training.log_dir={tmp_path / 'run'}",
+            "resources.dashboard=false",
+            env={"RAY_TMPDIR": ray_tmp, "RAY_ADDRESS": ""},
+            timeout=120,
+        )
+        assert r.returncode == 2, r.stderr[-2000:]
+        (line,) = r.stderr.strip().splitlines()
+        assert "Traceback" not in r.stderr
+        for needle in needles:
+            assert needle in line, (needle, line)
+        assert os.listdir(ray_tmp) == [], "Ray started before the refusal"
+        assert not (tmp_path / "run").exists()
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)

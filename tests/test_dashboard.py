@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-import shutil
 import socket
-import tempfile
 import time
 import urllib.request
 from typing import Dict, Tuple
@@ -117,27 +115,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def ray_with_metrics():
-    import ray
-
-    port = _free_port()
-    temp_dir = tempfile.mkdtemp(prefix="rld", dir="/tmp")  # short: unix socket path limit
-    try:
-        ray.init(
-            address="local",
-            num_cpus=1,
-            include_dashboard=False,
-            log_to_driver=False,
-            _temp_dir=temp_dir,
-            _metrics_export_port=port,
-            _system_config={"metrics_report_interval_ms": 500},
-        )
-        node = ray.nodes()[0]
-        yield f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
-    finally:
-        ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+@pytest.fixture
+def ray_with_metrics(ray_in_process):
+    """The node's metrics endpoint of the test process's Ray (exported every 0.5 s)."""
+    return ray_in_process.metrics_url
 
 
 def scrape(url: str) -> Dict[Tuple[str, str, str], float]:

@@ -1,8 +1,9 @@
 """An env that raises stops the run after a bounded number of restarts, with its own error.
 
 The envs are tests/fixtures/faulty_env.py, imported by their ``module:id`` task name in the
-driver and (through PYTHONPATH) in the EnvRunner processes: one raises on every step after its
-200th, one in its constructor. Each run is a real ``raylab train`` with an in-process Ray;
+driver and (through PYTHONPATH, which the session's head also carries) in the EnvRunner
+processes: one raises on every step after its 200th, one in its constructor. Each run is a real
+``raylab train`` joining the session's Ray head (conftest.py);
 without raylab.algorithms.env_errors it runs its whole budget with EnvRunners restarting (the
 first) or fails with RLlib's unrelated ``IndexError`` (the second). A killed EnvRunner (no
 exception, just a dead process) is still restarted: tests/test_fault_tolerance.py.
@@ -16,7 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_cluster_head import RAYLAB
+from conftest import head_driver_env
+from heads import RAYLAB
 
 from raylab.algorithms.env_errors import MAX_SAME_ENV_ERRORS, error_line
 from raylab.metrics.rundir import read_summary
@@ -27,10 +29,14 @@ BUILD_ERROR = "RuntimeError: faulty env: no robot on /dev/ttyUSB0"
 BUDGET_S = 150
 
 
-def _train(algo: str, task: str, tmp_path: Path):
-    env = dict(os.environ)
+@pytest.fixture
+def head(idle_head):
+    return idle_head
+
+
+def _train(algo: str, task: str, tmp_path: Path, head):
+    env = head_driver_env(head)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FIXTURES), env.get("PYTHONPATH")]))
-    env.pop("RAY_ADDRESS", None)
     t0 = time.monotonic()
     r = subprocess.run(
         [
@@ -44,6 +50,8 @@ def _train(algo: str, task: str, tmp_path: Path):
             f"training.time_budget_s={BUDGET_S}",
             "training.terminal=plain",
             "resources.dashboard=false",
+            "training.eval_every=0",
+            "training.eval_before_train=false",
             f"training.log_root={tmp_path}",
         ],
         env=env,
@@ -72,8 +80,8 @@ def test_error_line_is_the_innermost_cause_on_one_line():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["ppo", "appo", "sac"])
-def test_an_env_that_raises_on_step_stops_the_run_with_its_error(algo, tmp_path):
-    r, wall = _train(algo, "raylab_test/FailsOnStep-v0", tmp_path)
+def test_an_env_that_raises_on_step_stops_the_run_with_its_error(algo, tmp_path, head):
+    r, wall = _train(algo, "raylab_test/FailsOnStep-v0", tmp_path, head)
     assert r.returncode == 1, r.stderr[-4000:]
     line = _failure_line(r.stderr)
     assert f"EnvError: the env raised {MAX_SAME_ENV_ERRORS} times" in line, line
@@ -85,8 +93,8 @@ def test_an_env_that_raises_on_step_stops_the_run_with_its_error(algo, tmp_path)
 
 
 @pytest.mark.slow
-def test_an_env_that_cannot_be_built_stops_the_run_at_once(tmp_path):
-    r, wall = _train("ppo", "raylab_test/FailsOnConstruct-v0", tmp_path)
+def test_an_env_that_cannot_be_built_stops_the_run_at_once(tmp_path, head):
+    r, wall = _train("ppo", "raylab_test/FailsOnConstruct-v0", tmp_path, head)
     assert r.returncode == 1, r.stderr[-4000:]
     line = _failure_line(r.stderr)
     expected = f"EnvError: the env cannot be built in EnvRunner 1: {BUILD_ERROR}"

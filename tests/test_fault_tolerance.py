@@ -14,8 +14,8 @@
 
 The driver is the `raylab train` command joining the head (resources.ray_address), so killing
 it leaves the cluster up, as on a real cluster. Each scenario runs once (module fixtures) and
-several tests check what it left. The head and every process of these runs are ended at the
-end, also on failure.
+several tests check what it left. The head is the session's (conftest.py); every process of
+these runs is ended at the end of its scenario, also on failure.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from test_cluster_head import RAYLAB, LocalHead
+from conftest import wait_for_tune_snapshot
+from heads import RAYLAB, LocalHead
 
 from raylab.metrics import schema as S
 from raylab.metrics.extract import extract
@@ -43,9 +44,8 @@ STARTUP_TIMEOUT_S = 240  # a loaded 2-core machine takes 20-60 s to start a trai
 
 
 @pytest.fixture(scope="module")
-def head():
-    with LocalHead(num_cpus=4) as h:
-        yield h
+def head(ray_head):
+    return ray_head  # the session's head (conftest.py); each scenario waits for it to be idle
 
 
 def _summary(run_dir: Path) -> dict:
@@ -114,6 +114,7 @@ def _wait(
 @pytest.fixture(scope="module")
 def envrunner_killed(head, tmp_path_factory):
     """Train 20 s with 2 EnvRunners; SIGKILL raylab-envrunner-1 after iteration 3."""
+    head.wait_idle()
     base = tmp_path_factory.mktemp("envrunner_kill")
     run_dir, log = base / "run", base / "driver.log"
     proc = _start_driver(
@@ -223,9 +224,10 @@ def _event_steps(path: Path):
 
 @pytest.fixture(scope="module")
 def driver_killed_and_resumed(head, tmp_path_factory):
-    """Train (25 s budget, checkpoint every 10 iterations of >= 1 s); SIGKILL the driver 7 s
-    after the first checkpoint (Tune has recorded it by then, and the next one is >= 3 s away),
+    """Train (25 s budget, checkpoint every 10 iterations of >= 1 s); SIGKILL the driver once
+    Tune's experiment state has recorded the first checkpoint (the next one is >= 10 s away),
     then `raylab train --resume RUN_DIR`."""
+    head.wait_idle()
     base = tmp_path_factory.mktemp("driver_kill")
     run_dir, log = base / "run", base / "driver.log"
     # No evaluation: a new best evaluation checkpoints at once, and this scenario needs the
@@ -246,7 +248,9 @@ def driver_killed_and_resumed(head, tmp_path_factory):
             proc,
             log,
         )
-        time.sleep(7.0)  # > TUNE_GLOBAL_CHECKPOINT_S (5 s, set by init_ray)
+        # Tune's next experiment snapshot records that checkpoint (the next checkpoint is
+        # 10 iterations of >= 1 s away).
+        wait_for_tune_snapshot(run_dir / "tune", after=time.time())
         at_kill = _summary(run_dir)
         checkpoints = sorted((run_dir / "tune").glob("*/checkpoint_*"))
         _kill_group(proc)
@@ -333,6 +337,7 @@ def learner_killed(request, head, tmp_path_factory):
     iteration 5, SIGKILL the Learner actor (raylab-learner-0). RLlib does not restart Learners:
     the trial fails, and Tune restores it from its last checkpoint (training.max_failures)."""
     algo = request.param
+    head.wait_idle()
     base = tmp_path_factory.mktemp(f"learner_kill_{algo}")
     run_dir, log = base / "run", base / "driver.log"
     proc = _start_driver(

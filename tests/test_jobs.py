@@ -3,7 +3,7 @@
 The job is submitted with the real `ray job submit` CLI, exactly as cluster/README.md shows
 (RAY_AUTH_MODE=token and RAY_AUTH_TOKEN carried by the client). It must join the running
 cluster (no second Ray) and write its run directory under the training.log_root it was given.
-The head is stopped at the end of the module, also when a test fails.
+The head is the session's (conftest.py, ``ray_head``).
 
 The runtime_env of cluster/runtime_env.yaml is not used here: on this machine it would clone
 the whole virtualenv (torch included) for the job; raylab is already installed on this "node".
@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import shlex
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
-from test_cluster_head import RAY, LocalHead
+from heads import RAY, cli_submit
 
 from raylab.metrics import schema as S
 from raylab.metrics.extract import extract
@@ -28,53 +28,31 @@ from raylab.metrics.rundir import read_summary
 
 pytestmark = pytest.mark.slow
 
-
-@pytest.fixture(scope="module")
-def head():
-    # `ray job stop` sends SIGTERM, then SIGKILL after RAY_JOB_STOP_WAIT_TIME_S (Ray's default
-    # 3 s; the cluster configs set 120 s, as here, so the run can checkpoint and close).
-    with LocalHead(num_cpus=3, head_env={"RAY_JOB_STOP_WAIT_TIME_S": "120"}) as h:
-        yield h
+EXIT_AFTER_CHECKPOINT_S = 10  # a stopped run exits within 10 s of its final checkpoint
 
 
-def cli_submit(head: LocalHead, entrypoint: str, runtime_env: dict, timeout: float = 90.0) -> str:
-    """`ray job submit --no-wait` with the client environment a user has (token carried)."""
-    submission_id = f"raylab-test-{time.time_ns()}"
-    cmd = [
-        RAY,
-        "job",
-        "submit",
-        "--address",
-        head.url,
-        "--submission-id",
-        submission_id,
-        "--runtime-env-json",
-        json.dumps(runtime_env),
-        "--no-wait",
-        "--",
-        *shlex.split(entrypoint),
-    ]
-    deadline = time.time() + timeout
-    while True:
-        r = subprocess.run(cmd, env=head.env(), capture_output=True, text=True, timeout=120)
-        if r.returncode == 0:
-            head.job_ids.append(submission_id)
-            return submission_id
-        if "No available agent" not in r.stdout + r.stderr or time.time() > deadline:
-            raise AssertionError(f"ray job submit failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
-        time.sleep(2.0)
+@pytest.fixture
+def head(idle_head):
+    # The session's head (conftest.py): `ray job stop` sends SIGTERM, then SIGKILL after
+    # RAY_JOB_STOP_WAIT_TIME_S (Ray's default 3 s; the head sets 120 s, as the cluster configs
+    # do, so the run can checkpoint and close).
+    return idle_head
 
 
-def test_raylab_train_job_joins_the_cluster_and_writes_under_log_root(head, tmp_path):
+def test_the_readme_job_joins_the_cluster_and_writes_under_log_root(head, tmp_path):
+    """cluster/README.md's job: `raylab train` of APPO on microduck_balance with the default
+    layout (which fits a 2-CPU node: test_resources.py), submitted with `ray job submit`."""
     log_root = tmp_path / "shared" / "raylab-runs"  # the "shared storage" the job names
     entrypoint = (
-        "raylab train --algo appo --task Pendulum-v1 env.num_envs=8 training.time_budget_s=12 "
+        "raylab train --algo appo --task microduck_balance training.time_budget_s=12 "
+        "training.eval_every=0 training.eval_before_train=false "
         f"training.checkpoint_every=0 training.terminal=plain training.log_root={log_root}"
     )
     job_id = cli_submit(head, entrypoint, {"env_vars": {"RAYLAB_TEST_JOB": "1"}})
     status = head.wait_job(job_id, timeout=360)
     logs = head.client().get_job_logs(job_id)
     assert status == "SUCCEEDED", logs[-4000:]
+    assert "waiting for the Ray cluster" not in logs  # the default layout fits at once
 
     # It joined the head (the job supervisor's RAY_ADDRESS), and started no Ray of its own.
     assert f"joining Ray cluster at {head.gcs_address} (Ray job)" in logs
@@ -127,6 +105,7 @@ def test_ray_job_stop_checkpoints_and_marks_an_external_cancellation(head, tmp_p
     log_root = tmp_path / "runs"
     entrypoint = (
         "raylab train --algo appo --task Pendulum-v1 env.num_envs=8 training.time_budget_s=600 "
+        "training.eval_every=0 training.eval_before_train=false "
         f"training.checkpoint_every=0 training.terminal=plain training.log_root={log_root}"
     )
     job_id = cli_submit(head, entrypoint, {})
@@ -157,11 +136,18 @@ def test_ray_job_stop_checkpoints_and_marks_an_external_cancellation(head, tmp_p
     summary = read_summary(run)
     assert summary["status"] == "interrupted", (summary, logs[-3000:])
     assert summary["stop_reason"] == "external_cancellation"
-    assert summary["end_time"]
-    # The checkpoint at the end holds the last iteration (checkpoint_every=0: only that one).
+    assert summary["end_time"] and summary["final_metrics"] and summary["runtime_manifest"]
+    # The checkpoint at the end holds the last iteration (checkpoint_every=0: only that one),
+    # written after the stop, and the driver exits within 10 s of it (SIGTERM: the stop ends
+    # the run after the current iteration, docs/training.md).
     checkpoint = summary["last_checkpoint"]
     assert checkpoint and os.path.isdir(checkpoint)
     with open(os.path.join(checkpoint, "algorithm_state.pkl"), "rb") as fh:
         state = pickle.load(fh)
     assert int(state["training_iteration"]) == summary["training_iteration"]
+    written = max(f.stat().st_mtime for f in Path(checkpoint).rglob("*") if f.is_file())
+    assert written >= t0, "the final checkpoint predates the stop"
+    ended = head.client().get_job_info(job_id).end_time / 1000.0
+    assert ended - written <= EXIT_AFTER_CHECKPOINT_S, (ended - written, logs[-3000:])
     assert "raylab: stopping after this iteration" in logs
+    assert f"raylab: run interrupted; logs, summary and checkpoints in {run}" in logs

@@ -6,17 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import ray
+from conftest import IN_PROCESS_CPUS
 
 from raylab.metrics import tracker
 from raylab.metrics.manifest import actor_placement, build_manifest, collect_cluster_info
 from raylab.metrics.tracker import StatsTracker, merge_exports
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+@pytest.fixture
+def ray_local(ray_in_process):
+    return ray_in_process  # the test process's Ray (conftest.py)
 
 
 @ray.remote(num_cpus=0)
@@ -91,7 +90,7 @@ def test_empty_denominators_on_every_worker_omit_the_key(ray_local):
 def test_manifest_from_a_live_cluster_and_actor_placement(ray_local):
     info = collect_cluster_info()
     assert info["ray_version"] == ray.__version__
-    assert info["cluster_resources"]["CPU"] == 2.0
+    assert info["cluster_resources"]["CPU"] == IN_PROCESS_CPUS
     workers = [Worker.remote() for _ in range(2)]
     runners = ray.get([w.placement.remote(i) for i, w in enumerate(workers)])
     node_ids = {n["node_id"] for n in info["nodes"]}

@@ -25,8 +25,7 @@ def _weights(algo):
 
 
 @pytest.mark.parametrize("algo_name", ["ppo", "appo"])
-def test_two_learners_hold_equal_weights_after_updates(algo_name):
-    import ray
+def test_two_learners_hold_equal_weights_after_updates(algo_name, ray_in_process):
 
     from raylab.algorithms.build import build_algorithm_config
     from raylab.config import compose
@@ -45,26 +44,22 @@ def test_two_learners_hold_equal_weights_after_updates(algo_name):
     else:
         overrides += ["algo.train_batch_size=256"]
     cfg = compose(algo_name, "Pendulum-v1", "mujoco", overrides)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    algo = algorithm_class(algo_name)(config=build_algorithm_config(cfg))
     try:
-        algo = algorithm_class(algo_name)(config=build_algorithm_config(cfg))
-        try:
-            initial = _weights(algo)
-            trained = 0
-            for _ in range(30):
-                result = algo.train()
-                trained = (
-                    result.get("learners", {})
-                    .get("__all_modules__", {})
-                    .get("num_env_steps_trained_lifetime", trained)
-                )
-                if trained and trained >= 2048:
-                    break
-            rank0, rank1 = _weights(algo)
-        finally:
-            algo.stop()
+        initial = _weights(algo)
+        trained = 0
+        for _ in range(30):
+            result = algo.train()
+            trained = (
+                result.get("learners", {})
+                .get("__all_modules__", {})
+                .get("num_env_steps_trained_lifetime", trained)
+            )
+            if trained and trained >= 2048:
+                break
+        rank0, rank1 = _weights(algo)
     finally:
-        ray.shutdown()
+        algo.stop()
     assert len(initial) == 2 and set(rank0) == set(rank1)
     for name in rank0:
         np.testing.assert_array_equal(rank0[name], rank1[name], err_msg=name)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import head_driver_env, run_cli
 
 from raylab.metrics import schema as S
 from raylab.metrics.extract import extract
@@ -64,10 +64,16 @@ def expected_window(steps: int, window: int = WINDOW, runners: int = 2):
 
 
 @pytest.fixture(scope="module")
-def probe_run(tmp_path_factory):
+def probe_run(tmp_path_factory, ray_head):
+    ray_head.wait_idle()
     run_dir = tmp_path_factory.mktemp("probe") / "run"
     r = run_cli(
-        "train", *PROBE, f"training.total_steps={TOTAL}", f"training.log_dir={run_dir}", timeout=600
+        "train",
+        *PROBE,
+        f"training.total_steps={TOTAL}",
+        f"training.log_dir={run_dir}",
+        env=head_driver_env(ray_head),  # the session's Ray head (conftest.py)
+        timeout=600,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return run_dir
@@ -134,11 +140,10 @@ def test_plot_refuses_a_directory_that_is_not_a_run(tmp_path):
     assert "not a raylab run directory" in r.stderr.strip().splitlines()[-1]
 
 
-def test_window_and_best_eval_survive_a_restore(tmp_path):
+def test_window_and_best_eval_survive_a_restore(tmp_path, ray_in_process):
     """The window and the best evaluation are checkpoint state: an algorithm restored from a
-    checkpoint (what `raylab train --resume` does through Tune) goes on with them."""
-    import ray
-
+    checkpoint (what `raylab train --resume` does through Tune) goes on with them. Built in
+    this process, on the test process's Ray (conftest.py)."""
     from raylab.algorithms.build import build_algorithm_config
     from raylab.config import compose
     from raylab.train import algorithm_class
@@ -150,34 +155,30 @@ def test_window_and_best_eval_survive_a_restore(tmp_path):
         [o for o in PROBE[4:] if "=" in o and not o.startswith("training.terminal")]
         + ["resources.num_env_runners=1"],
     )
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
-    try:
-        config = build_algorithm_config(cfg)
-        algo = algorithm_class("ppo")(config=config)
-        for _ in range(5):  # 5 x 200 steps on one runner: ordinals 1..6, evaluated at 5
-            result = algo.train()
-        before = list(algo.reward_window.items)
-        assert [r for r, _ in before] == [2.0, 3.0, 4.0, 5.0, 6.0]
-        assert result[S.TRAIN_MEAN_REWARD] == pytest.approx(4.0)
-        # Before training the probe's evaluation returned 1 (not a checkpoint's score); at
-        # iteration 5 its evaluation envs' second episodes return 2.
-        assert algo.best_eval == {"score": 2.0, "iteration": 5}
-        path = algo.save_to_path(str(tmp_path / "ckpt"))
-        algo.stop()
+    config = build_algorithm_config(cfg)
+    algo = algorithm_class("ppo")(config=config)
+    for _ in range(5):  # 5 x 200 steps on one runner: ordinals 1..6, evaluated at 5
+        result = algo.train()
+    before = list(algo.reward_window.items)
+    assert [r for r, _ in before] == [2.0, 3.0, 4.0, 5.0, 6.0]
+    assert result[S.TRAIN_MEAN_REWARD] == pytest.approx(4.0)
+    # Before training the probe's evaluation returned 1 (not a checkpoint's score); at
+    # iteration 5 its evaluation envs' second episodes return 2.
+    assert algo.best_eval == {"score": 2.0, "iteration": 5}
+    path = algo.save_to_path(str(tmp_path / "ckpt"))
+    algo.stop()
 
-        restored = algorithm_class("ppo")(config=config)
-        restored.restore_from_path(path)
-        assert list(restored.reward_window.items) == before
-        assert restored.best_eval == {"score": 2.0, "iteration": 5}
-        result = restored.train()  # fresh envs: its first episode (200 steps) returns 1
-        assert result[S.TRAIN_MEAN_REWARD] == pytest.approx(np.mean([3.0, 4.0, 5.0, 6.0, 1.0]))
-        restored.stop()
-    finally:
-        ray.shutdown()
+    restored = algorithm_class("ppo")(config=config)
+    restored.restore_from_path(path)
+    assert list(restored.reward_window.items) == before
+    assert restored.best_eval == {"score": 2.0, "iteration": 5}
+    result = restored.train()  # fresh envs: its first episode (200 steps) returns 1
+    assert result[S.TRAIN_MEAN_REWARD] == pytest.approx(np.mean([3.0, 4.0, 5.0, 6.0, 1.0]))
+    restored.stop()
 
 
 @pytest.mark.parametrize("before", [True, False])
-def test_eval_every_zero(before, tmp_path):
+def test_eval_every_zero(before, tmp_path, idle_head):
     """training.eval_every=0: only the initial policy's evaluation (or none at all)."""
     run_dir = tmp_path / "run"
     args = [a for a in PROBE if not a.startswith("training.eval_every")]
@@ -188,6 +189,7 @@ def test_eval_every_zero(before, tmp_path):
         f"training.eval_before_train={before}",
         "training.total_steps=600",
         f"training.log_dir={run_dir}",
+        env=head_driver_env(idle_head),
         timeout=600,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

@@ -1,25 +1,25 @@
 """A run's resource request held against the cluster before anything waits (raylab.placement).
 
-The slow tests use a real head started with Ray's defaults (``ray start --head`` without
-``--num-cpus``: the machine's cores, 2 on the CI machine) and token authentication on:
+The slow tests use the session's real head (``ray start --head``, token authentication on;
+conftest.py), whose CPUs they read from the state API:
 - a request that can never fit fails with one line and exit code 2 within seconds, and claims
   no run directory;
 - a request that fits but finds the cluster busy prints what it waits for and fails after
-  ``resources.wait_s`` with the same one line;
-- the README's main job runs through the real ``ray job submit`` on that head.
+  ``resources.wait_s`` with the same one line.
+The README's main job through ``ray job submit`` is tests/test_jobs.py's first test; that its
+default layout fits a 2-CPU node (Ray's default head on the CI machine) is checked here, from
+its bundles.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 
 import pytest
-from test_cluster_head import RAYLAB, LocalHead
-from test_jobs import cli_submit
+from heads import RAYLAB, LocalHead
 
 from raylab.algorithms.build import build_algorithm_config
 from raylab.config import compose
@@ -123,10 +123,9 @@ def test_bad_resource_values_are_one_line():
 # ------------------------------------------------------------------ against a real head
 
 
-@pytest.fixture(scope="module")
-def default_head():
-    with LocalHead(num_cpus=None) as h:  # Ray's default: the machine's cores
-        yield h
+@pytest.fixture
+def default_head(idle_head):
+    return idle_head
 
 
 def _cluster_cpus(head: LocalHead) -> int:
@@ -208,22 +207,3 @@ def test_a_busy_cluster_is_waited_for_with_progress_then_one_line(default_head, 
     assert len(errors) == 1, r.stderr[-3000:]
     assert "not granted within resources.wait_s=5 s" in errors[0]
     assert not (tmp_path / "runs").exists()
-
-
-@pytest.mark.slow
-def test_the_readme_job_runs_through_ray_job_submit_on_a_default_head(default_head, tmp_path):
-    log_root = tmp_path / "shared"
-    entrypoint = (
-        "raylab train --algo appo --task microduck_balance training.total_steps=10000 "
-        f"training.terminal=plain training.log_root={log_root}"
-    )
-    job_id = cli_submit(default_head, entrypoint, {"env_vars": {"RAYLAB_TEST_JOB": "1"}})
-    status = default_head.wait_job(job_id, timeout=420)
-    logs = default_head.client().get_job_logs(job_id)
-    assert status == "SUCCEEDED", logs[-4000:]
-    assert "waiting for the Ray cluster" not in logs
-    (run,) = [p for p in log_root.iterdir() if p.is_dir()]
-    summary = json.loads((run / "run_summary.json").read_text())
-    assert summary["status"] == "completed", summary
-    assert summary["env_steps"] >= 10_000
-    assert os.path.isdir(summary["last_checkpoint"])

@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
+from conftest import head_driver_env, run_cli
 
 from raylab.algorithms.sac import owed_updates
 from raylab.algorithms.sac.replay import DeviceReplay
@@ -182,7 +182,7 @@ def test_fused_update_keeps_statistics_on_the_device_until_read(learner):
     assert learner._acc_n == 2 and all(torch.is_tensor(v) for v in learner._acc.values())
 
 
-def _sac_run(tmp_path, seconds, extra=()):
+def _sac_run(tmp_path, head, seconds, extra=()):
     run_dir = tmp_path / "run"
     r = run_cli(
         "train",
@@ -195,6 +195,7 @@ def _sac_run(tmp_path, seconds, extra=()):
         "resources.dashboard=false",
         "training.terminal=plain",
         *extra,
+        env=head_driver_env(head),  # the session's Ray head (conftest.py)
         timeout=1500,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -202,9 +203,10 @@ def _sac_run(tmp_path, seconds, extra=()):
 
 
 @pytest.mark.slow
-def test_two_learners_all_reduce_gradients(tmp_path):
+def test_two_learners_all_reduce_gradients(tmp_path, idle_head):
     run_dir = _sac_run(
         tmp_path,
+        idle_head,
         25,
         [
             "resources.num_learners=2",
@@ -225,10 +227,12 @@ def test_two_learners_all_reduce_gradients(tmp_path):
 
 
 @pytest.mark.slow
-def test_sac_solves_pendulum_within_20k_env_steps(tmp_path):
+@pytest.mark.timeout(1800)  # a budget of 900 s (it stops when solved, within minutes)
+def test_sac_solves_pendulum_within_20k_env_steps(tmp_path, idle_head):
     # Solved: the mean return of the latest 10 episodes (the reward window) reaches -250.
     run_dir = _sac_run(
         tmp_path,
+        idle_head,
         900,
         [
             "env.num_envs=1",

@@ -1,5 +1,8 @@
 """``raylab soak``: its artifact read fail-closed, and every failure class produced by its own
-injected fault in a real run (real Ray, real kills, real signals)."""
+injected fault in a real run (real Ray, real kills, real signals).
+
+The real runs are ``raylab soak`` drivers joining the session's Ray head (conftest.py): the
+soak watches its own job's actors there, as it would on a shared cluster."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import RAYLAB
+from conftest import RAYLAB, head_driver_env
 
 from raylab.errors import UserError
 from raylab.soak import FAILURE_CLASSES, parse_duration, read_soak, slope, validate_soak
@@ -142,14 +145,29 @@ def test_bad_soak_options_are_one_line(cli):
 
 # ------------------------------------------------------------------ real runs, real faults
 
-COMMON = ["resources.dashboard=true", "training.terminal=plain", "training.checkpoint_every=5"]
+COMMON = [
+    "resources.dashboard=true",
+    "training.terminal=plain",
+    "training.checkpoint_every=5",
+    # nothing here reads an evaluation
+    "training.eval_every=0",
+    "training.eval_before_train=false",
+]
+real_run = pytest.mark.slow  # a real run with an injected fault: `make test` only
+
+
+@pytest.fixture
+def head(idle_head):
+    return idle_head
 
 
 class Soak:
-    """A ``raylab soak`` process of its own (its own session), and its run directory. ``args``:
-    soak options first, then config overrides (argparse takes the overrides as one group)."""
+    """A ``raylab soak`` process of its own (its own session) joining the shared head, and its
+    run directory. ``args``: soak options first, then config overrides (argparse takes the
+    overrides as one group)."""
 
-    def __init__(self, tmp_path: Path, *args: str, duration="75s", window="5s"):
+    def __init__(self, tmp_path: Path, head, *args: str, duration="75s", window="5s"):
+        self.head = head
         self.run_dir = tmp_path / "run"
         self.log = tmp_path / "soak.log"
         cmd = [
@@ -164,7 +182,11 @@ class Soak:
             *COMMON,
         ]
         self.proc = subprocess.Popen(
-            cmd, stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            stdout=self.log.open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=head_driver_env(head),
         )
 
     def manifest(self, timeout=240):
@@ -198,8 +220,9 @@ def _failed_as(code, artifact, output, classification):
     assert f"soak failed: {classification}" in output
 
 
-def test_a_healthy_soak_passes(tmp_path, cli):
-    soak = Soak(tmp_path, duration="50s")
+@real_run
+def test_a_healthy_soak_passes(tmp_path, cli, head):
+    soak = Soak(tmp_path, head, duration="24s", window="3s")
     code, a, output = soak.result()
     assert code == 0, output[-3000:]
     assert a["passed"] and a["failure_classification"] is None
@@ -218,24 +241,27 @@ def test_a_healthy_soak_passes(tmp_path, cli):
     assert r.returncode == 0 and "passed" in r.stdout
 
 
-def test_a_killed_learner_is_a_learner_failure(tmp_path):
-    soak = Soak(tmp_path, "training.max_failures=0")
+@real_run
+def test_a_killed_learner_is_a_learner_failure(tmp_path, head):
+    soak = Soak(tmp_path, head, "training.max_failures=0")
     pid = soak.manifest()["learners"][0]["pid"]
     time.sleep(3)
     os.kill(pid, signal.SIGKILL)  # for good: no trial restore (max_failures=0)
     _failed_as(*soak.result(), "learner_failure")
 
 
-def test_envrunners_killed_beyond_their_restarts_are_a_collector_failure(tmp_path):
-    soak = Soak(tmp_path, "training.max_env_runner_restarts=0", "training.max_failures=0")
+@real_run
+def test_envrunners_killed_beyond_their_restarts_are_a_collector_failure(tmp_path, head):
+    soak = Soak(tmp_path, head, "training.max_env_runner_restarts=0", "training.max_failures=0")
     pid = soak.manifest()["env_runners"][0]["pid"]
     time.sleep(3)
     os.kill(pid, signal.SIGKILL)
     _failed_as(*soak.result(), "collector_failure")
 
 
-def test_a_stopped_envrunner_is_a_stale_tick(tmp_path):
-    soak = Soak(tmp_path, "--stale", "15s", duration="150s")
+@real_run
+def test_a_stopped_envrunner_is_a_stale_tick(tmp_path, head):
+    soak = Soak(tmp_path, head, "--stale", "15s", duration="150s")
     pid = soak.manifest()["env_runners"][0]["pid"]
     time.sleep(3)
     os.kill(pid, signal.SIGSTOP)  # alive but silent: no more env steps
@@ -251,8 +277,9 @@ def test_a_stopped_envrunner_is_a_stale_tick(tmp_path):
     assert "no progress" in a["failure_reason"]
 
 
-def test_a_cancelled_job_is_an_external_cancellation(tmp_path):
-    soak = Soak(tmp_path, duration="150s")
+@real_run
+def test_a_cancelled_job_is_an_external_cancellation(tmp_path, head):
+    soak = Soak(tmp_path, head, duration="150s")
     soak.manifest()
     time.sleep(3)
     os.kill(soak.proc.pid, signal.SIGTERM)  # what `ray job stop` sends the job's driver
@@ -262,9 +289,11 @@ def test_a_cancelled_job_is_an_external_cancellation(tmp_path):
     assert a["run_status"] == "interrupted"
 
 
-def test_a_leaking_env_is_a_resource_leak(tmp_path):
+@real_run
+def test_a_leaking_env_is_a_resource_leak(tmp_path, head):
     soak = Soak(
         tmp_path,
+        head,
         *("--leak-mb-per-min", "60", "--warmup", "10s", "--leak-span", "20s"),
         "env.debug_leak_kb_per_step=64",
         duration="150s",
@@ -278,24 +307,26 @@ def test_a_leaking_env_is_a_resource_leak(tmp_path):
     assert runner > 60
 
 
-def test_a_failing_physics_worker_is_a_backend_worker_failure(tmp_path):
+@real_run
+def test_a_failing_physics_worker_is_a_backend_worker_failure(tmp_path, head):
     # Two physics threads, so the failing one is a worker thread of the backend's pool.
-    soak = Soak(tmp_path, "env.num_threads=2", "env.debug_fail_backend_after_steps=300")
+    soak = Soak(tmp_path, head, "env.num_threads=2", "env.debug_fail_backend_after_steps=300")
     code, a, output = soak.result()
     _failed_as(code, a, output, "backend_worker_failure")
     assert "injected physics failure" in a["failure_reason"], a["failure_reason"]
 
 
-def test_the_algorithm_actor_killed_is_an_unknown_failure(tmp_path):
-    import psutil
-    import ray  # noqa: F401  (Ray ships psutil and puts it on the path)
-
-    soak = Soak(tmp_path, "training.max_failures=0")
+@real_run
+def test_the_algorithm_actor_killed_is_an_unknown_failure(tmp_path, head):
+    soak = Soak(tmp_path, head, "training.max_failures=0")
     soak.manifest()
     time.sleep(3)
-    # The Algorithm's own actor (Ray titles its process ray::RaylabAPPO...): neither the
-    # collector nor the learner side, so the run cannot say which owner began the failure.
-    family = psutil.Process(soak.proc.pid).children(recursive=True)
-    (algo,) = [p for p in family if p.name().startswith("ray::RaylabAPPO")]
-    algo.kill()
+    # The Algorithm's own actor (class RaylabAPPO): neither the collector nor the learner
+    # side, so the run cannot say which owner began the failure.
+    (algo,) = [
+        a
+        for a in head.actors()
+        if a["state"] == "ALIVE" and (a.get("class_name") or "").startswith("RaylabAPPO")
+    ]
+    os.kill(int(algo["pid"]), signal.SIGKILL)
     _failed_as(*soak.result(), "unknown_failure")

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, assert_only_raylab_output, run_cli
+from conftest import (
+    REPO,
+    assert_only_raylab_output,
+    head_driver_env,
+    run_cli,
+    wait_for_tune_snapshot,
+)
 
 from raylab.errors import UserError
 from raylab.metrics import schema as S
@@ -66,7 +72,7 @@ def test_missing_sweep_file_is_one_line_exit_2(tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
 
 
-def test_two_trial_sweep_end_to_end(tmp_path):
+def test_two_trial_sweep_end_to_end(tmp_path, idle_head):
     path = _write(
         tmp_path,
         name="tiny",
@@ -85,7 +91,7 @@ def test_two_trial_sweep_end_to_end(tmp_path):
         max_concurrent_trials=1,
         budget={"time_budget_s": 8},
     )
-    r = run_cli("tune", str(path), timeout=900)
+    r = run_cli("tune", str(path), env=head_driver_env(idle_head), timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert_only_raylab_output(r.stdout + r.stderr)
     (sweep_dir,) = (tmp_path / "sweeps").glob("tiny_*")
@@ -118,7 +124,7 @@ def test_two_trial_sweep_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_asha_stops_trials_early_on_train_mean_reward(tmp_path):
+def test_asha_stops_trials_early_on_train_mean_reward(tmp_path, idle_head):
     """Five trials one after another; ASHA (reduction factor 4, rungs at iterations 1 and 4)
     stops a trial whose Train/mean_reward at a rung is below the best quarter recorded there.
     Pendulum's early returns are noisy enough that with five trials at least one is below."""
@@ -145,9 +151,9 @@ def test_asha_stops_trials_early_on_train_mean_reward(tmp_path):
         },
         num_samples=1,
         max_concurrent_trials=1,
-        budget={"time_budget_s": 10},
+        budget={"time_budget_s": 6},
     )
-    r = run_cli("tune", str(path), timeout=1200)
+    r = run_cli("tune", str(path), env=head_driver_env(idle_head), timeout=1200)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (sweep_dir,) = (tmp_path / "sweeps").glob("asha_*")
     table = json.loads((sweep_dir / "sweep_summary.json").read_text())
@@ -157,7 +163,7 @@ def test_asha_stops_trials_early_on_train_mean_reward(tmp_path):
     assert "scheduler" in by and all(b in ("scheduler", "budget") for b in by), rows
     for t in rows:
         if t["stopped_by"] == "scheduler":
-            assert read_summary(Path(t["run_dir"]))["time_total_s"] < 10
+            assert read_summary(Path(t["run_dir"]))["time_total_s"] < 6
     best = table["best"]
     assert best["stopped_by"] == "budget" or best["metric"] is not None
     assert best["checkpoint"] and Path(best["checkpoint"]).is_dir()
@@ -166,7 +172,7 @@ def test_asha_stops_trials_early_on_train_mean_reward(tmp_path):
 
 
 @pytest.mark.slow
-def test_tune_resume_after_the_driver_is_killed_finishes_the_unfinished_trials(tmp_path):
+def test_tune_resume_after_the_driver_is_killed_finishes_the_unfinished_trials(tmp_path, idle_head):
     import os
     import signal
     import subprocess
@@ -194,8 +200,13 @@ def test_tune_resume_after_the_driver_is_killed_finishes_the_unfinished_trials(t
         budget={"time_budget_s": 12},
     )
     log = open(tmp_path / "driver.log", "w")
+    env = head_driver_env(idle_head)
     proc = subprocess.Popen(
-        [RAYLAB, "tune", str(path)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        [RAYLAB, "tune", str(path)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=env,
     )
 
     def statuses():
@@ -220,7 +231,9 @@ def test_tune_resume_after_the_driver_is_killed_finishes_the_unfinished_trials(t
             time.sleep(0.5)
         else:
             raise AssertionError((tmp_path / "driver.log").read_text()[-3000:])
-        time.sleep(6.0)  # Tune records its experiment state every 5 s (TUNE_GLOBAL_CHECKPOINT_S)
+        # Tune records its experiment state every 5 s: wait until it has the cut trial's
+        # checkpoint.
+        wait_for_tune_snapshot(tmp_path / "sweeps", after=time.time())
         before = statuses()
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
@@ -244,7 +257,7 @@ def test_tune_resume_after_the_driver_is_killed_finishes_the_unfinished_trials(t
                 if old != newest[trial_id]:
                     shutil.rmtree(old)
     assert newest, before
-    r = run_cli("tune", "--resume", str(sweep_dir), timeout=900)
+    r = run_cli("tune", "--resume", str(sweep_dir), env=env, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     for trial_id, path in newest.items():
         assert f"raylab: restoring trial {trial_id} from checkpoint {path} (" in r.stderr, r.stderr

@@ -11,11 +11,9 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
-from conftest import run_cli
-from test_train import train_run
+from conftest import run_main
 
 from raylab.errors import UserError
 from raylab.metrics import schema as S
@@ -141,46 +139,23 @@ def test_overlap_of_interval_sets():
     assert overlap_us([(0, 10)], [(10, 20)]) == 0
 
 
-def test_trace_options_are_refused_where_they_cannot_work(cli, tmp_path):
-    # No GPU here: CUDA events would be faked, so they are refused (one line, exit 2).
-    r = cli(
-        "train",
-        "training.trace_enabled=true",
-        "training.trace_cuda_events=true",
-        f"training.log_dir={tmp_path / 'run'}",
-        "resources.dashboard=false",
-    )
-    assert r.returncode == 2, r.stderr
-    line = r.stderr.strip().splitlines()[-1]
-    assert "trace_cuda_events=true" in line and "GPU" in line
-    assert not (tmp_path / "run").exists()
-
-
 # ------------------------------------------------------------------- a real traced run
 
 
-def _traced(tmp_path_factory, algo: str) -> Path:
-    run_dir = train_run(
-        tmp_path_factory,
-        algo,
-        "microduck_balance",
-        30 if algo != "sac" else 40,
-        ("training.trace_enabled=true", "training.trace_thread_time=true", "training.eval_every=0"),
-    )
-    r = run_cli("trace", str(run_dir))
-    assert r.returncode == 0, r.stderr
-    assert "merged" in r.stdout and "overlap:" in r.stdout
-    return run_dir
-
-
 @pytest.fixture(scope="module")
-def traced(tmp_path_factory):
-    cache = {}
+def traced(golden):
+    """The golden microduck_balance run of an algorithm (traced, conftest.py), merged by
+    `raylab trace` on first use."""
+    merged = {}
 
     def get(algo):
-        if algo not in cache:
-            cache[algo] = _traced(tmp_path_factory, algo)
-        return cache[algo]
+        run_dir = golden(algo, "microduck_balance")
+        if algo not in merged:
+            r = run_main("trace", str(run_dir))
+            assert r.returncode == 0, r.stderr
+            assert "merged" in r.stdout and "overlap:" in r.stdout
+            merged[algo] = True
+        return run_dir
 
     return get
 

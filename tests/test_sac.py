@@ -207,7 +207,7 @@ def test_two_learners_all_reduce_gradients(tmp_path, idle_head):
     run_dir = _sac_run(
         tmp_path,
         idle_head,
-        25,
+        15,
         [
             "resources.num_learners=2",
             "env.num_envs=2",

@@ -222,7 +222,7 @@ def _failed_as(code, artifact, output, classification):
 
 @real_run
 def test_a_healthy_soak_passes(tmp_path, cli, head):
-    soak = Soak(tmp_path, head, duration="24s", window="3s")
+    soak = Soak(tmp_path, head, duration="18s", window="3s")
     code, a, output = soak.result()
     assert code == 0, output[-3000:]
     assert a["passed"] and a["failure_classification"] is None
@@ -294,9 +294,10 @@ def test_a_leaking_env_is_a_resource_leak(tmp_path, head):
     soak = Soak(
         tmp_path,
         head,
-        *("--leak-mb-per-min", "60", "--warmup", "10s", "--leak-span", "20s"),
+        *("--leak-mb-per-min", "60", "--warmup", "6s", "--leak-span", "12s"),
         "env.debug_leak_kb_per_step=64",
         duration="150s",
+        window="3s",
     )
     code, a, output = soak.result()
     _failed_as(code, a, output, "resource_leak")

@@ -125,7 +125,7 @@ def test_two_trial_sweep_end_to_end(tmp_path, idle_head):
 
 @pytest.mark.slow
 def test_asha_stops_trials_early_on_train_mean_reward(tmp_path, idle_head):
-    """Five trials one after another; ASHA (reduction factor 4, rungs at iterations 1 and 4)
+    """Five trials, two at a time; ASHA (reduction factor 4, rungs at iterations 1 and 4)
     stops a trial whose Train/mean_reward at a rung is below the best quarter recorded there.
     Pendulum's early returns are noisy enough that with five trials at least one is below."""
     path = _write(
@@ -150,7 +150,7 @@ def test_asha_stops_trials_early_on_train_mean_reward(tmp_path, idle_head):
             "reduction_factor": 4,
         },
         num_samples=1,
-        max_concurrent_trials=1,
+        max_concurrent_trials=2,
         budget={"time_budget_s": 6},
     )
     r = run_cli("tune", str(path), env=head_driver_env(idle_head), timeout=1200)

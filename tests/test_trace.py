@@ -79,6 +79,23 @@ def test_a_killed_process_leaves_a_readable_open_array(tmp_path):
     assert json.loads(out.read_text())["traceEvents"] == merged
 
 
+def test_an_event_cut_off_by_a_kill_is_dropped_from_an_open_array(tracer):
+    """A process killed in the middle of a write leaves its last event cut off; the reader
+    keeps every complete event of the open array. A closed file is read fail-closed."""
+    for _ in range(3):
+        t = time.perf_counter()
+        trace.complete("Env Step", t, t + 1e-4, "collector")
+    trace.active().flush()
+    (path,) = tracer.glob("*.trace.json")
+    whole = path.read_text()
+    assert whole.rstrip().endswith("}")  # an open array that ends on a complete event
+    path.write_text(whole + ',\n{"name":"Reset Done","ca')
+    assert sum(e["name"] == "Env Step" for e in load_events(path)) == 3
+    path.write_text(whole + ',\n{"name":"Reset Done","ca\n]\n')  # closed, yet broken
+    with pytest.raises(UserError, match="not trace-event JSON"):
+        load_events(path)
+
+
 def test_events_from_many_threads_are_each_on_their_own_named_track(tracer):
     def work(name):
         trace.name_thread(name)

@@ -11,7 +11,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
+
+pytestmark = pytest.mark.slow  # two real Tune experiments of 150 results, in their own processes
 
 SCRIPT = REPO / "tests" / "fixtures" / "tune_result_refs.py"
 RESULTS = 150

@@ -64,8 +64,10 @@ class Tracer:
         self._last_flush = time.monotonic()
         self._first = True
         self._closed = False
-        self._file = open(self.path, "w", encoding="utf-8")
-        self._file.write("[\n")
+        # Unbuffered: each flush is one write of whole lines, so a process killed between two
+        # flushes leaves a file that ends on a complete event (an open array).
+        self._file = open(self.path, "wb", buffering=0)
+        self._write("[\n")
         self._meta("process_name", {"name": process_name})
         self._meta(
             "raylab_clock",
@@ -174,9 +176,8 @@ class Tracer:
             return
         sep = ",\n"
         text = sep.join(self._pending)
-        self._file.write(text if self._first else sep + text)
+        self._write(text if self._first else sep + text)
         self._first = False
-        self._file.flush()
         self._pending.clear()
         self._last_flush = time.monotonic()
 
@@ -190,9 +191,14 @@ class Tracer:
             if self._closed:
                 return
             self._flush_locked()
-            self._file.write("\n]\n")
+            self._write("\n]\n")
             self._file.close()
             self._closed = True
+
+    def _write(self, text: str) -> None:
+        data = memoryview(text.encode("utf-8"))
+        while data:  # a regular file takes it in one write; the loop covers a short write
+            data = data[self._file.write(data) :]
 
 
 class CudaEvents:

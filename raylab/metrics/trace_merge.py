@@ -38,7 +38,11 @@ def load_events(path: Path) -> List[Dict[str, Any]]:
             raise UserError(f"{path}: not trace-event JSON (neither an array nor an object)")
         body = text.rstrip()
         if not body.endswith("]"):  # a process killed before it closed its array
-            body = body.rstrip(",\n ") + "\n]"
+            lines = body.splitlines()
+            if len(lines) > 1 and not lines[-1].rstrip(",").endswith("}"):
+                # killed in the middle of a write: its last event is cut off (dropped)
+                lines = lines[:-1]
+            body = "\n".join(lines).rstrip(",\n ") + "\n]"
         try:
             events = json.loads(body)
         except json.JSONDecodeError as e:

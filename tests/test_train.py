@@ -244,6 +244,7 @@ def _egl_available() -> bool:
     return ctypes.util.find_library("EGL") is not None
 
 
+@pytest.mark.slow  # an end-to-end video: offscreen rendering and encoding of an episode
 @pytest.mark.skipif(not _egl_available(), reason="no EGL library (CI installs libegl-mesa0)")
 def test_eval_video_renders_one_episode_offscreen(runs):
     """`raylab eval --video` on a robot run: an MP4 with one frame per control step, rendered

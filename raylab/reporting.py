@@ -11,6 +11,7 @@ and the runtime manifest. The x-axis of every chart is env steps sampled.
 from __future__ import annotations
 
 import math
+import os
 import signal
 import sys
 import threading
@@ -175,11 +176,14 @@ def failure_class(error: str) -> str:
 class StopRequest:
     """Ctrl-C / SIGTERM -> a graceful stop: trials stop, checkpoint at the end, logs flush.
 
-    A second Ctrl-C falls through to Python's default (KeyboardInterrupt).
+    A second Ctrl-C falls through to Python's default (KeyboardInterrupt); once training has
+    returned (``finished``: the summary is closed, Ray is shutting down) it exits with 130 at
+    once instead, where a KeyboardInterrupt would only interrupt an exit handler.
     """
 
     requested = threading.Event()
     forwarded = threading.Event()  # passed on to the running algorithms (their boards)
+    finished = False  # training returned: what is left is shutting down
     signal_name: Optional[str] = None  # the first stop signal: SIGINT (Ctrl-C) or SIGTERM
 
     @classmethod
@@ -204,8 +208,16 @@ class StopRequest:
 
     @classmethod
     def install(cls) -> None:
+        cls.finished = False
+
         def handler(signum, frame):
             if cls.requested.is_set():
+                if cls.finished:
+                    from raylab.quiet import flush_std_streams
+
+                    print("raylab: interrupted", file=sys.stderr, flush=True)
+                    flush_std_streams()
+                    os._exit(130)
                 signal.signal(signal.SIGINT, signal.default_int_handler)
                 raise KeyboardInterrupt
             cls.signal_name = signal.Signals(signum).name

@@ -395,6 +395,9 @@ def train(
     except KeyboardInterrupt:  # a second Ctrl-C: no final checkpoint, but a closed summary
         mark_aborted(run_dir)
         raise
+    from raylab.reporting import StopRequest
+
+    StopRequest.finished = True  # a second Ctrl-C from here on exits at once (130)
     errors = [r.error for r in results if r.error is not None]
     status = _final_status(run_dir, failed=bool(errors))
     _say(f"run {status}; logs, summary and checkpoints in {run_dir}")

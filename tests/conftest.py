@@ -244,6 +244,59 @@ def golden(tmp_path_factory, ray_head):
     return get
 
 
+# ---------------------------------------------------------------------- two at a time
+# `make test` runs the suite on two pytest-xdist workers: most real-run scenarios spend much of
+# their wall time waiting (a budget, a poll, Ray starting), so two of them share the machine's
+# cores well. Each worker has its own session fixtures (its own shared head, its own in-process
+# Ray), so a module goes to one worker whole (its module fixtures run once) and the modules
+# that read the golden runs go to the same worker (each golden run trains once): the scheduler
+# below. (xdist's own `--dist loadgroup` does not group under pytest 9, whose node ids it can
+# no longer rewrite.) A test whose result depends on having the machine to itself (a learning
+# run on a wall-clock budget) is marked `alone`; `make test` runs those afterwards.
+GOLDEN_READERS = ("test_train.py", "test_trace.py")
+# The modules' own time on two workers (seconds, 2026-12-03): the heaviest start first, so that
+# no long module is left to start last while the other worker idles. Only the order depends on
+# these numbers; a module missing here starts after them.
+MODULE_SECONDS = {
+    "golden": 670,
+    "test_soak.py": 490,
+    "test_fault_tolerance.py": 460,
+    "test_sweep.py": 425,
+    "test_env_errors.py": 330,
+    "test_bench.py": 235,
+    "test_sac.py": 235,
+    "test_output.py": 225,
+    "test_progress.py": 225,
+    "test_cluster_placement.py": 165,
+    "test_jobs.py": 105,
+    "test_multi_learner.py": 70,
+    "test_tune_futures.py": 40,
+}
+
+
+def _scope(module: str) -> str:
+    name = Path(module).name
+    return "golden" if name in GOLDEN_READERS else name
+
+
+def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):  # an xdist worker: heaviest modules first (stable)
+        items.sort(key=lambda item: -MODULE_SECONDS.get(_scope(item.path.name), 0))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # keep the workers' order (above)
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "golden" if module.endswith(GOLDEN_READERS) else module
+
+    return ModuleScheduling(config, log)
+
+
 # ---------------------------------------------------------------------- the end of the session
 # One full-suite run (599 passed) then died with a segmentation fault in the interpreter's own
 # finalization, after pytest had printed its summary: native threads of the libraries the tests

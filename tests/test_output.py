@@ -175,7 +175,12 @@ def test_sigterm_stops_sac_on_a_gymnasium_mujoco_env_after_its_iteration(tmp_pat
 def test_a_second_ctrl_c_aborts_at_once_and_leaves_a_closed_summary(tmp_path):
     proc, run_dir, log = _start(tmp_path, "appo")
     os.killpg(proc.pid, signal.SIGINT)
-    time.sleep(0.3)
+    # The second Ctrl-C as soon as the first one is handled: while the run is still stopping
+    # (a fixed pause let a loaded machine finish the graceful stop first).
+    deadline = time.time() + 30
+    while "raylab: stopping after this iteration" not in log.read_text():
+        assert time.time() < deadline and proc.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.02)
     second = time.time()
     exited = _signal_and_wait(proc, "SIGINT", group=True, timeout=60)
     output = log.read_text()

@@ -220,8 +220,9 @@ def test_two_learners_all_reduce_gradients(tmp_path, idle_head):
     for tag in (S.PERF_DP_GRADIENT_SYNC_MS_PER_RANK, S.PERF_DP_GRADIENT_SYNC_CALLS_PER_RANK):
         assert tag in table.tags, tag
     calls = [v for _, v in table.column(S.PERF_DP_GRADIENT_SYNC_CALLS_PER_RANK) if v is not None]
-    # Counted: one all-reduce per update, so a report after several updates counts several.
-    assert calls and min(calls) >= 1.0 and max(calls) > 1.0, calls
+    # Counted: one all-reduce per update, so a report after several updates counts several (a
+    # report of a learner that updated nothing since the previous one counts none).
+    assert calls and min(calls) >= 0.0 and max(calls) > 1.0, calls
     manifest = read_summary(run_dir / "run_summary.json")["runtime_manifest"]
     assert len(manifest["learners"]) == 2
 

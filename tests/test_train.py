@@ -351,6 +351,7 @@ LEARNING_EPISODES = 200
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # a 10-minute budget: another test beside it would take half its cores
 @pytest.mark.timeout(1800)  # a 10-minute run, the baselines and 200 evaluation episodes
 def test_appo_beats_holding_the_pose_within_10_minutes(tmp_path):
     """APPO with the defaults of `raylab train`, 10 minutes on this machine kind: its best

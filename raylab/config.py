@@ -225,7 +225,7 @@ class ResourcesConfig:
     num_cpus_per_learner: float = option(
         0.5,
         "CPUs reserved per Learner on CPU (a GPU Learner reserves 1); a PPO / APPO Learner "
-        "waits on the EnvRunners most of the iteration (APPO here: 82%)",
+        "waits on the EnvRunners most of the iteration",
     )
     custom_resources_per_env_runner: Dict[str, float] = option(
         help="Ray custom resources each EnvRunner needs (places them on matching nodes)",
@@ -237,7 +237,7 @@ class ResourcesConfig:
     num_cpus_for_main_process: float = option(
         0.5,
         "CPUs reserved for the algorithm's main process (RLlib num_cpus_for_main_process); it "
-        "only coordinates EnvRunners and Learners (APPO here: 7-14% of one core): with a Learner "
+        "only coordinates EnvRunners and Learners (a small share of one core): with a Learner "
         "and an EnvRunner the default layout reserves 2 CPUs, so it fits a 2-CPU node; with "
         "num_learners=0 it learns itself and reserves num_cpus_per_learner",
     )

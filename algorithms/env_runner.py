@@ -60,6 +60,13 @@ class RaylabEnvRunner(EnvErrorReporting, SingleAgentEnvRunner):
     def __repr__(self) -> str:
         return f"raylab-envrunner-{getattr(self, 'worker_index', 0)}"
 
+    def stop(self):
+        super().stop()
+        # A healthy shutdown (RLlib stops every EnvRunner before Ray ends its process) closes
+        # this runner's trace file; a killed one is left an open array, which readers accept.
+        if getattr(self, "worker_index", 0) > 0:
+            trace.shutdown()
+
     def _trace_sample_thread(self) -> None:
         """Name the trace track of the thread that serves sample requests (once)."""
         if not getattr(self, "_sample_track_named", False):

@@ -47,7 +47,8 @@ def _add_compose_args(p: argparse.ArgumentParser) -> None:
         default="microduck_balance",
         help=f"task: {', '.join(TASKS)}, or any Gymnasium id (e.g. Pendulum-v1)",
     )
-    p.add_argument("--sim", default="mujoco", help=f"physics backend: {', '.join(SIMS)}")
+    # One physics backend (MuJoCo): recorded in run_config.json as `sim`, not a choice to make.
+    p.set_defaults(sim=SIMS[0])
     p.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. algo.lr=3e-4"
     )

@@ -128,15 +128,22 @@ class TrainingConfig:
 class AlgoConfig:
     name: str = option(MISSING, "algorithm name (set by --algo)")
     algo_log_name: str = option(MISSING, "folder name under logs/ for this algorithm")
-    lr: float = option(3e-4, "learning rate")
     gamma: float = option(0.99, "discount factor")
     hidden: List[int] = option(
         help="hidden layer sizes of policy and value nets", factory=lambda: [256, 256]
     )
     activation: str = option("tanh", "hidden activation", ("tanh", "relu", "silu"))
     grad_clip: Optional[float] = option(1.0, "global gradient-norm clip (null: off)")
+
+
+@dataclass
+class OnPolicyConfig(AlgoConfig):
+    """What PPO and APPO share: one learning rate for policy and value, a Gaussian policy with
+    a state-independent log std. (SAC has its own three learning rates and a squashed policy.)"""
+
+    lr: float = option(3e-4, "learning rate")
     init_log_std: float = option(
-        -1.0, "initial log std of the Gaussian policy (PPO / APPO, continuous actions)"
+        -1.0, "initial log std of the Gaussian policy (continuous actions)"
     )
     init_policy_scale: float = option(
         0.01, "scale of the initial policy output weights (near-zero initial mean action)"
@@ -144,7 +151,7 @@ class AlgoConfig:
 
 
 @dataclass
-class PPOConfig(AlgoConfig):
+class PPOConfig(OnPolicyConfig):
     name: str = "ppo"
     algo_log_name: str = "ppo"
     train_batch_size: int = option(8192, "env steps per learner update (per learner)")
@@ -160,7 +167,7 @@ class PPOConfig(AlgoConfig):
 
 
 @dataclass
-class APPOConfig(AlgoConfig):
+class APPOConfig(OnPolicyConfig):
     name: str = "appo"
     algo_log_name: str = "appo"
     lr: float = 5e-4
@@ -218,7 +225,7 @@ class ResourcesConfig:
     num_cpus_per_learner: float = option(
         0.5,
         "CPUs reserved per Learner on CPU (a GPU Learner reserves 1); a PPO / APPO Learner "
-        "waits on the EnvRunners most of the iteration (APPO here: 82%)",
+        "waits on the EnvRunners most of the iteration",
     )
     custom_resources_per_env_runner: Dict[str, float] = option(
         help="Ray custom resources each EnvRunner needs (places them on matching nodes)",
@@ -230,7 +237,7 @@ class ResourcesConfig:
     num_cpus_for_main_process: float = option(
         0.5,
         "CPUs reserved for the algorithm's main process (RLlib num_cpus_for_main_process); it "
-        "only coordinates EnvRunners and Learners (APPO here: 7-14% of one core): with a Learner "
+        "only coordinates EnvRunners and Learners (a small share of one core): with a Learner "
         "and an EnvRunner the default layout reserves 2 CPUs, so it fits a 2-CPU node; with "
         "num_learners=0 it learns itself and reserves num_cpus_per_learner",
     )
@@ -251,7 +258,9 @@ class ResourcesConfig:
 @dataclass
 class RaylabConfig:
     task: str = option(MISSING, "task name or Gymnasium id (set by --task)")
-    sim: str = option("mujoco", "physics backend (set by --sim)", SIMS)
+    sim: str = option(
+        "mujoco", "physics backend (MuJoCo, the only one; recorded, not chosen)", SIMS
+    )
     algo: AlgoConfig = MISSING
     env: EnvConfig = MISSING
     training: TrainingConfig = field(default_factory=TrainingConfig)
@@ -321,12 +330,21 @@ def _parse_overrides(cfg: DictConfig, overrides) -> DictConfig:
             raise UserError(f"override '{item}' is not key=value (for example algo.lr=3e-4)")
         key, _, value = item.partition("=")
         if key in ("task", "sim", "algo.name"):
-            flag = {"task": "--task", "sim": "--sim", "algo.name": "--algo"}[key]
+            if key == "sim":
+                raise UserError(
+                    f"override '{item}': the physics backend is {SIMS[0]}, the only one"
+                )
+            flag = {"task": "--task", "algo.name": "--algo"}[key]
             raise UserError(f"override '{item}': set {key} with {flag}, not as an override")
         keys = [k for k, _ in iter_keys(cfg)]
         if key not in keys and not _under_open_dict(cfg, key):
             near = difflib.get_close_matches(key, keys, n=1)
             hint = f" (did you mean '{near[0]}'?)" if near else ""
+            # algo.lr on SAC: name the keys that end the same way (actor_lr, critic_lr, alpha_lr)
+            group, _, leaf = key.rpartition(".")
+            same_end = [k for k in keys if k.startswith(group + ".") and k.endswith("_" + leaf)]
+            if len(same_end) > 1:
+                hint = f" ({cfg.algo.name} has {', '.join(same_end)})"
             group = key.split(".")[0]
             groups = ("training", "algo", "env", "resources")
             where = (

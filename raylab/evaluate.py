@@ -4,7 +4,9 @@ The episodes themselves are run by :func:`raylab.algorithms.evaluation.run_polic
 the code the evaluation during training runs too (its docstring has the seeding, survival and
 tracking-error rules).
 
-``raylab eval`` prints mean return, survival, episode length (and tracking errors), writes
+``raylab eval`` prints mean return, survival, episode length (and tracking errors), on a task
+that pushes the robot the headroom taken (:func:`headroom`, next to the baselines it is
+measured between, on the same seeds), writes
 ``eval.json`` into the run directory and, with ``--video``, renders ``play_video.mp4`` of the
 first episode with MuJoCo's offscreen renderer (EGL or OSMesa when there is no GPU).
 
@@ -59,6 +61,12 @@ def make_eval_env(cfg, num_envs: int, num_threads: Optional[int] = None):
 def eval_line(stats: Dict[str, Any]) -> str:
     """One line of an evaluation's numbers (what ``raylab eval`` prints)."""
     text = f"mean return {stats['mean_return']:.2f} +/- {stats['std_return']:.2f}"
+    if stats.get("headroom") is not None:
+        b = stats["baselines"]
+        text += (
+            f"   headroom {stats['headroom']:.3f} (hold-pose {b['hold_pose']:.1f}, "
+            f"no-push {b['no_push']:.1f})"
+        )
     if stats.get("survival") is not None:
         text += f"   survival {stats['survival']:.3f}"
     text += f"   episode length {stats['mean_episode_length']:.1f}"
@@ -89,7 +97,13 @@ def baseline_scores(
 
     options = {k: v for k, v in env_options(cfg).items() if k != "num_threads"}
     key = json.dumps(
-        {"task": cfg.task, "options": options, "episodes": episodes, "seed": seed},
+        {
+            "task": cfg.task,
+            "options": options,
+            "episodes": episodes,
+            "seed": seed,
+            "policies": ["hold_pose", "random"] + (["no_push"] if pushes(cfg) else []),
+        },
         sort_keys=True,
         default=str,
     )
@@ -113,6 +127,14 @@ def baseline_scores(
         }
     finally:
         env.close()
+    if pushes(cfg):  # the headroom's ceiling: the same task, nobody pushes
+        quiet = no_push_config(cfg)
+        env = make_eval_env(quiet, min(episodes, MAX_EVAL_ENVS), num_threads=usable_cores())
+        try:
+            policy = hold_pose_policy(env.single_action_space)
+            scores["no_push"] = run_policy_episodes(policy, env, episodes, seed)
+        finally:
+            env.close()
     for s in scores.values():
         for per_episode in ("returns", "lengths", "survivals"):
             s.pop(per_episode, None)
@@ -121,6 +143,35 @@ def baseline_scores(
 
     write_json_atomic(path, {"key": json.loads(key), "scores": scores})
     return scores
+
+
+def pushes(cfg) -> bool:
+    """Whether the task pushes the robot (``env.num_pushes`` above 0): its yardstick is the
+    headroom between holding the pose and holding it unpushed."""
+    return int(cfg.env.get("num_pushes", 0) or 0) > 0
+
+
+def no_push_config(cfg):
+    """The same task and options with nobody pushing (``env.num_pushes=0``)."""
+    import copy
+
+    from omegaconf import OmegaConf
+
+    quiet = copy.deepcopy(cfg)
+    OmegaConf.set_readonly(quiet, False)
+    quiet.env.num_pushes = 0
+    OmegaConf.set_readonly(quiet, True)
+    return quiet
+
+
+def headroom(mean_return: float, scores: Dict[str, Dict[str, Any]]) -> Optional[float]:
+    """(return - hold-pose) / (no-push return - hold-pose): the share of what pushes cost a
+    policy that holds the pose which a policy wins back (0: holds the pose, 1: as if nobody
+    pushed). None for a task without pushes."""
+    if "no_push" not in scores:
+        return None
+    hold = scores["hold_pose"]["mean_return"]
+    return (mean_return - hold) / (scores["no_push"]["mean_return"] - hold)
 
 
 # ---------------------------------------------------------------------------------- checkpoints
@@ -307,6 +358,10 @@ def evaluate(
     finally:
         env.close()
     stats.update({"checkpoint": str(ckpt), "task": cfg.task, "algo": cfg.algo.name})
+    if pushes(cfg):  # the task's yardstick: the headroom taken, on the same seeds
+        scores = baseline_scores(cfg, episodes=episodes, seed=seed)
+        stats["baselines"] = {k: v["mean_return"] for k, v in scores.items()}
+        stats["headroom"] = headroom(stats["mean_return"], scores)
     video_path = run / "play_video.mp4" if video else None
     if video_path is not None:
         stats["video"] = str(video_path)

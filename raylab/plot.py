@@ -4,7 +4,8 @@
 training) against env steps, read back from each run's event files with raylab's metric
 reader. Several runs of one config (seeds) are drawn as their mean with a band of +/- one
 standard deviation, over the env steps every run reached. For raylab's robot tasks the
-hold-pose (zero action) and random-action scores are horizontal lines, computed by the
+hold-pose (zero action) and random-action scores are horizontal lines (on a task that pushes
+the robot also hold-pose without pushes, and the headroom taken on the right axis), computed by the
 evaluation code on the runs' task with the evaluation protocol (``raylab.evaluate.
 baseline_scores``, cached). The title names the task, the algorithm, the runs and their budget.
 """
@@ -115,16 +116,24 @@ def plot_runs(run_dirs: Sequence[str], out: Optional[str] = None, baselines: boo
         scores = baseline_scores(
             cfg, episodes=int(cfg.training.eval_episodes), seed=int(cfg.training.eval_seed)
         )
-        for name, style in (("hold_pose", "--"), ("random", ":")):
+        lines = (("hold_pose", "--", "hold-pose"), ("random", ":", "random"))
+        lines += (("no_push", "-.", "hold-pose, no pushes"),) if "no_push" in scores else ()
+        for name, style, text in lines:
             value = scores[name]["mean_return"]
             ax.axhline(
                 value,
                 color="0.35",
                 linestyle=style,
                 linewidth=1.2,
-                label=f"{name.replace('_', '-')} {value:.1f} "
-                f"({int(cfg.training.eval_episodes)} eval episodes)",
+                label=f"{text} {value:.1f} ({int(cfg.training.eval_episodes)} eval episodes)",
             )
+        if "no_push" in scores:  # the task's yardstick on the right: 0 at hold-pose, 1 unpushed
+            hold, top = scores["hold_pose"]["mean_return"], scores["no_push"]["mean_return"]
+            span = top - hold
+            right = ax.secondary_yaxis(
+                "right", functions=(lambda r: (r - hold) / span, lambda h: hold + h * span)
+            )
+            right.set_ylabel("headroom taken")
     seeds = sorted({int(c.training.seed) for c in cfgs})
     ax.set_title(
         f"{cfg.task} · {cfg.algo.name.upper()} · {len(runs)} run(s), seeds "

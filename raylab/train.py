@@ -443,6 +443,9 @@ def _final_status(run_dir: Path, failed: bool = False) -> str:
         return "failed" if failed else "unknown"
 
 
+RETIRED_KEYS = {"sac": ("algo.lr", "algo.init_log_std", "algo.init_policy_scale")}
+
+
 def load_run_config(run_dir: Path) -> DictConfig:
     """The composed config of an existing run (fails with one line when it is not a run)."""
     path = run_dir / "run_config.json"
@@ -466,6 +469,9 @@ def load_run_config(run_dir: Path) -> DictConfig:
             raise UserError(f"'{path}': field '{field}' is missing or not a string")
     overrides = [f"{k}={json.dumps(v)}" for k, v in _flatten(data) if k not in ("task", "sim")]
     overrides = [o for o in overrides if not o.startswith("algo.name=")]
+    # Runs of earlier releases wrote keys SAC never read (it has actor / critic / alpha lrs).
+    retired = RETIRED_KEYS.get(data["algo"]["name"], ())
+    overrides = [o for o in overrides if o.partition("=")[0] not in retired]
     try:
         return compose(data["algo"]["name"], data["task"], data["sim"], overrides)
     except UserError as e:  # the bad field, named with the file it came from

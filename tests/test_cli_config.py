@@ -45,8 +45,6 @@ def test_print_config_is_the_composed_config(cli):
         "appo",
         "--task",
         "microduck_balance",
-        "--sim",
-        "mujoco",
         "training.logger=wandb",
         "training.wandb_project=raylab",
         "algo.lr=3e-4",
@@ -69,7 +67,9 @@ def test_each_algo_has_its_own_defaults(algo):
     cfg = compose(algo, "microduck_balance")
     assert cfg.algo.name == algo
     assert cfg.algo.algo_log_name
-    assert "lr" in cfg.algo
+    # one learning rate for PPO / APPO; SAC has one per network and its temperature
+    lrs = ["lr"] if algo in ("ppo", "appo") else ["actor_lr", "critic_lr", "alpha_lr"]
+    assert [k for k in cfg.algo if k == "lr" or k.endswith("_lr")] == lrs
 
 
 def test_algo_specific_keys_and_task_defaults():
@@ -118,7 +118,8 @@ def test_config_is_read_only():
 BAD = [
     (["--algo", "foo"], ["'foo'", "appo", "ppo", "sac"]),
     (["--task", "microduk"], ["'microduk'", "did you mean 'microduck_balance'", "Gymnasium id"]),
-    (["--sim", "bullet"], ["'bullet'", "mujoco"]),
+    (["--sim", "mujoco"], ["unrecognized arguments: --sim"]),  # one backend: not an option
+    (["sim=bullet"], ["physics backend is mujoco, the only one"]),
     (["algo.lrr=1"], ["'algo.lrr'", "did you mean 'algo.lr'"]),
     (["nosuchgroup.x=1"], ["'nosuchgroup.x'", "training", "resources"]),
     (["algo.lr=abc"], ["algo.lr=abc", "float"]),
@@ -175,9 +176,32 @@ def test_a_run_config_reads_back_as_the_same_config(tmp_path):
     from raylab.config import to_dict
     from raylab.train import load_run_config
 
-    cfg = compose("sac", "Pendulum-v1", overrides=["training.wandb_notes=null", "algo.lr=1e-3"])
+    cfg = compose(
+        "sac", "Pendulum-v1", overrides=["training.wandb_notes=null", "algo.actor_lr=1e-3"]
+    )
     (tmp_path / "run_config.json").write_text(json.dumps(to_dict(cfg)))
     assert to_dict(load_run_config(tmp_path)) == to_dict(cfg)
+    # A SAC run of an earlier release wrote keys SAC never read: it still loads.
+    old = to_dict(cfg)
+    old["algo"].update(lr=3e-4, init_log_std=-1.0, init_policy_scale=0.01)
+    (tmp_path / "run_config.json").write_text(json.dumps(old))
+    assert to_dict(load_run_config(tmp_path)) == to_dict(cfg)
+
+
+@pytest.mark.parametrize(
+    "algo, key, needle",
+    [
+        ("sac", "algo.lr=1e-3", "sac has algo.actor_lr, algo.critic_lr, algo.alpha_lr"),
+        ("sac", "algo.init_log_std=0", "unknown config key 'algo.init_log_std'"),
+        ("sac", "algo.init_policy_scale=0.1", "unknown config key 'algo.init_policy_scale'"),
+    ],
+)
+def test_options_an_algorithm_does_not_read_are_refused(algo, key, needle):
+    """No option is accepted and ignored: SAC reads its own three learning rates and has no
+    Gaussian log std, so the on-policy keys are refused with the keys it does have."""
+    with pytest.raises(UserError) as e:
+        compose(algo, "Pendulum-v1", overrides=[key])
+    assert needle in str(e.value)
 
 
 @pytest.mark.parametrize(

@@ -56,6 +56,8 @@ def wheel(tmp_path_factory):
         timeout=600,
     )
     assert r.returncode == 0, r.stderr
+    # A quiet build: no deprecation (license), no package setuptools would leave out (assets).
+    assert "Warning" not in r.stdout + r.stderr, r.stdout + r.stderr
     (whl,) = out.glob("raylab-*.whl")
     return whl
 

@@ -188,6 +188,22 @@ def _learner_tracks(events):
 
 
 @pytest.mark.parametrize("algo", ["appo", "sac", "ppo"])
+def test_a_healthy_run_closes_every_trace_file(golden, algo):
+    """Every process of a run that ended normally closed its JSON array: each file is plain
+    JSON (the open arrays of killed processes are the reader's business, tested above)."""
+    files = sorted((golden(algo, "microduck_balance") / "traces").glob("*.json"))
+    files = [p for p in files if p.name != "merged.json"]
+    assert any(p.name.startswith("env_runner") for p in files), files
+    open_files = []
+    for path in files:
+        try:
+            json.loads(path.read_text())
+        except ValueError:
+            open_files.append(path.name)
+    assert not open_files, f"left open by a healthy {algo} run: {open_files}"
+
+
+@pytest.mark.parametrize("algo", ["appo", "sac", "ppo"])
 def test_a_real_runs_trace_has_every_process_and_its_main_phases_nest(traced, algo):
     run_dir = traced(algo)
     merged = json.loads((run_dir / "traces" / "merged.json").read_text())

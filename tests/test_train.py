@@ -290,6 +290,28 @@ def test_plot_of_a_robot_run_draws_the_cached_baselines(runs, tmp_path):
     again = baseline_scores(cfg, episodes=EVAL_EPISODES, seed=1000, cache_dir=tmp_path / "fresh")
     assert again["hold_pose"]["mean_return"] == scores["hold_pose"]["mean_return"]
     assert scores["random"]["mean_return"] < scores["hold_pose"]["mean_return"]
+    # microduck_balance pushes the duck: the headroom's ceiling, hold-pose unpushed, is a line
+    assert scores["no_push"]["mean_return"] > scores["hold_pose"]["mean_return"]
+    assert scores["no_push"]["survival"] == 1.0  # nobody pushes: the duck stands throughout
+
+
+def test_eval_of_a_task_with_pushes_reports_the_headroom_taken(runs, tmp_path, monkeypatch):
+    """The yardstick of microduck_balance (docs/envs.md): (return - hold-pose) / (no-push
+    return - hold-pose), the baselines run on the evaluation's own seeds."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    run_dir = runs("ppo", "microduck_balance")
+    r = run_main("eval", str(run_dir), "--episodes", str(EVAL_EPISODES), "--seed", "1000")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads((run_dir / "eval.json").read_text())
+    b = out["baselines"]
+    assert set(b) == {"hold_pose", "random", "no_push"} and b["no_push"] > b["hold_pose"]
+    want = (out["mean_return"] - b["hold_pose"]) / (b["no_push"] - b["hold_pose"])
+    assert out["headroom"] == pytest.approx(want)
+    assert f"headroom {want:.3f} (hold-pose {b['hold_pose']:.1f}" in r.stdout
+    # A task without pushes has no headroom (Pendulum-v1: no baselines at all).
+    r = run_main("eval", str(runs("ppo")), "--episodes", "2")
+    assert r.returncode == 0 and "headroom" not in r.stdout
+    assert "headroom" not in json.loads((runs("ppo") / "eval.json").read_text())
 
 
 def test_eval_refuses_a_checkpoint_outside_the_run_unless_trusted(runs):
@@ -341,25 +363,23 @@ def test_corrupt_checkpoint_is_one_line(runs, tmp_path):
     assert r.returncode == 2 and "not a readable RLlib algorithm checkpoint" in r.stderr
 
 
-# The learning test's bar: evaluation return of the best checkpoint over hold-pose's, both by
-# raylab's evaluation code (200 deterministic episodes, seeds 1000-1199: the standard error of
-# the mean is about 7 of a return's sd of about 100). Ten-minute runs reach 1.10x (one seed,
-# benchmarks/learning/x_appo_default_10min.json), the untrained policy 0.98x; the issue's target
-# for this test, 1.3x, is not reached (benchmarks/README.md, learning).
-LEARNING_RATIO = 1.05
+# The learning test's bar, on the task's yardstick (docs/envs.md): the headroom taken by the
+# best checkpoint, (return - hold-pose) / (no-push return - hold-pose), all three by raylab's
+# evaluation code on the same 200 deterministic episodes (seeds 1000-1199; the standard error
+# of the mean return is about 7, 0.035 of headroom). Ten-minute runs take about 0.15
+# (benchmarks/learning/x_appo_default_10min.json: 328.8 against 298.4 and 499.7); the
+# untrained policy about -0.03.
+LEARNING_HEADROOM = 0.08
 LEARNING_EPISODES = 200
 
 
 @pytest.mark.slow
 @pytest.mark.alone  # a 10-minute budget: another test beside it would take half its cores
 @pytest.mark.timeout(1800)  # a 10-minute run, the baselines and 200 evaluation episodes
-def test_appo_beats_holding_the_pose_within_10_minutes(tmp_path):
+def test_appo_takes_headroom_within_10_minutes(tmp_path):
     """APPO with the defaults of `raylab train`, 10 minutes on this machine kind: its best
-    evaluated policy must beat the do-nothing policy (zero action: the servos hold the stand
-    pose), which already scores 303 of 500 because the duck stands until it is pushed."""
-    from raylab.config import compose
-    from raylab.evaluate import baseline_scores
-
+    evaluated policy must win back part of what the pushes cost the do-nothing policy (zero
+    action: the servos hold the stand pose, about 300 of the 500 it scores unpushed)."""
     run_dir = tmp_path / "run"
     r = run_cli(
         "train",
@@ -375,12 +395,6 @@ def test_appo_beats_holding_the_pose_within_10_minutes(tmp_path):
         timeout=1200,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    hold = baseline_scores(
-        compose("appo", "microduck_balance"),
-        episodes=LEARNING_EPISODES,
-        seed=1000,
-        cache_dir=tmp_path / "cache",
-    )["hold_pose"]["mean_return"]
     r = run_cli(
         "eval",
         str(run_dir),
@@ -388,13 +402,14 @@ def test_appo_beats_holding_the_pose_within_10_minutes(tmp_path):
         "best",
         "--episodes",
         str(LEARNING_EPISODES),
+        env={"XDG_CACHE_HOME": str(tmp_path / "cache")},
         timeout=600,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    got = json.loads((run_dir / "eval.json").read_text())["mean_return"]
+    got = json.loads((run_dir / "eval.json").read_text())
     curve = dict(extract(run_dir).column(S.EVAL_MEAN_REWARD))
     print(
-        f"hold-pose {hold:.1f}; best checkpoint {got:.1f} ({got / hold:.2f}x); "
-        f"Eval/mean_reward during training: {curve}"
+        f"best checkpoint {got['mean_return']:.1f}, headroom {got['headroom']:.3f} "
+        f"(baselines {got['baselines']}); Eval/mean_reward during training: {curve}"
     )
-    assert got >= LEARNING_RATIO * hold, (got, hold, curve)
+    assert got["headroom"] >= LEARNING_HEADROOM, (got["headroom"], got["baselines"], curve)

@@ -646,7 +646,7 @@ def _summarise(
 SAMPLER_CONTENDERS = ("fast", "rllib", "env")
 TRACED = "fast_traced"
 GOAL_SAMPLER_OVER_ENV = 0.85
-GOAL_TRACE_OVERHEAD = 0.03  # issue 18: tracing costs the collector under 3%
+GOAL_TRACE_OVERHEAD = 0.03  # tracing costs the collector under 3%
 
 
 def run_sampler_bench(

@@ -166,10 +166,17 @@ def test_sigterm_stops_sac_on_a_gymnasium_mujoco_env_after_its_iteration(tmp_pat
     proc, run_dir, log = _start(tmp_path, "sac", task="HalfCheetah-v5", envs=4)
     sent = time.time()
     exited = _signal_and_wait(proc, "SIGTERM", group=False, timeout=180)
-    _assert_stopped_by("SIGTERM", proc, run_dir, log, sent, exited)
+    summary = _assert_stopped_by("SIGTERM", proc, run_dir, log, sent, exited)
     output = log.read_text()
     foreign = [line for line in output.splitlines() if line and not line.startswith("raylab")]
     assert not foreign, "\n".join(foreign[:20])
+    # Evaluation off (training.eval_every=0, eval_before_train=false): none at all.
+    from raylab.metrics import schema as S
+    from raylab.metrics.extract import extract
+
+    assert S.EVAL_MEAN_REWARD not in extract(run_dir).tags
+    assert "best_eval" not in summary and "initial_eval" not in summary
+    assert not (run_dir / "checkpoints" / "best").exists()
 
 
 def test_a_second_ctrl_c_aborts_at_once_and_leaves_a_closed_summary(tmp_path):

@@ -177,29 +177,25 @@ def test_window_and_best_eval_survive_a_restore(tmp_path, ray_in_process):
     restored.stop()
 
 
-@pytest.mark.parametrize("before", [True, False])
-def test_eval_every_zero(before, tmp_path, idle_head):
-    """training.eval_every=0: only the initial policy's evaluation (or none at all)."""
+def test_eval_every_zero_evaluates_only_the_initial_policy(tmp_path, idle_head):
+    """training.eval_every=0 with eval_before_train: the initial policy's evaluation only, and
+    no best checkpoint. (Both off, no evaluation at all: tests/test_output.py's SIGTERM run.)"""
     run_dir = tmp_path / "run"
     args = [a for a in PROBE if not a.startswith("training.eval_every")]
     r = run_cli(
         "train",
         *args,
         "training.eval_every=0",
-        f"training.eval_before_train={before}",
+        "training.eval_before_train=true",
         "training.total_steps=600",
         f"training.log_dir={run_dir}",
         env=head_driver_env(idle_head),
         timeout=600,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    evals = dict(extract(run_dir).column(S.EVAL_MEAN_REWARD)) if before else {}
-    if before:
-        assert evals == {0: 1.0}
-    else:
-        assert S.EVAL_MEAN_REWARD not in extract(run_dir).tags
+    assert dict(extract(run_dir).column(S.EVAL_MEAN_REWARD)) == {0: 1.0}
     summary = read_summary(run_dir)
-    assert "best_eval" not in summary and ("initial_eval" in summary) == before
+    assert "best_eval" not in summary and "initial_eval" in summary
     assert not (run_dir / "checkpoints" / "best").exists()
 
 

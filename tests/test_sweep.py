@@ -197,7 +197,7 @@ def test_tune_resume_after_the_driver_is_killed_finishes_the_unfinished_trials(t
         scheduler={"type": "fifo"},
         num_samples=1,
         max_concurrent_trials=1,
-        budget={"time_budget_s": 12},
+        budget={"time_budget_s": 8},
     )
     log = open(tmp_path / "driver.log", "w")
     env = head_driver_env(idle_head)

@@ -243,7 +243,10 @@ def test_a_real_runs_trace_has_every_process_and_its_main_phases_nest(traced, al
     reported = sorted(extract(run_dir).values[S.PERF_ITERATION_TIME].values())
     traced_s = sorted(i["dur"] / 1e6 for i in iters)
     med_r, med_t = reported[len(reported) // 2], traced_s[len(traced_s) // 2]
-    assert 0.5 < med_t / med_r < 2.0, (med_t, med_r)
+    # Same quantity and unit: the medians agree within a few times (a reported value is the
+    # mean of its window, which one slow iteration on a loaded machine pulls up; a unit or
+    # event mix-up is off by 1,000 or more).
+    assert 0.2 < med_t / med_r < 5.0, (med_t, med_r)
     # Thread CPU time is on the phases (training.trace_thread_time=true).
     assert all("thread_cpu_ms" in p.get("args", {}) for p in phases)
 

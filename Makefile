@@ -32,20 +32,24 @@ install: $(STAMP)
 train: $(STAMP)
 	$(BIN)/raylab train $(ARGS)
 
-# Everything (what CI runs), in two phases (docs/testing.md): the suite on TEST_WORKERS
-# pytest-xdist workers, then the tests marked `alone` (a learning run on a wall-clock budget)
-# one at a time with the machine to themselves. Both phases run; either failing fails the
-# target. The 25 slowest tests of each phase are listed at its end.
-TEST_WORKERS ?= 2
-XDIST := -n $(TEST_WORKERS)  # modules whole, golden readers together: tests/conftest.py
+# Everything (what CI runs), in two phases (docs/testing.md): the suite, then the tests marked
+# `alone` (a learning run on a wall-clock budget) one at a time with the machine to themselves.
+# Both phases run; either failing fails the target. TEST_WORKERS=2 runs phase 1 on two
+# pytest-xdist workers (about 42 minutes instead of 53 on 2 cores), but a few
+# timing-sensitive real-run tests still fail under that contention (docs/testing.md), so CI
+# runs it serially until they do not. The 25 slowest tests of each phase are listed at its end.
+TEST_WORKERS ?= 1
+FAST_WORKERS ?= 2
+workers = $(if $(filter 1,$(1)),,-n $(1))  # xdist's flag; its scheduler: tests/conftest.py
 test: lint
-	$(BIN)/python -m pytest $(XDIST) -m "not alone" --durations=25 $(PYTEST_ARGS); first=$$?; \
+	$(BIN)/python -m pytest $(call workers,$(TEST_WORKERS)) -m "not alone" --durations=25 $(PYTEST_ARGS); first=$$?; \
 	$(BIN)/python -m pytest -m alone --durations=5 $(PYTEST_ARGS); second=$$?; \
 	exit $$(( first || second ))
 
-# The inner loop: no learning runs, no multi-process fault scenarios (tests marked slow).
+# The inner loop, on two xdist workers: no learning runs, no multi-process fault scenarios
+# (tests marked slow).
 test-fast: lint
-	$(BIN)/python -m pytest $(XDIST) -m "not slow" --durations=10 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(call workers,$(FAST_WORKERS)) -m "not slow" --durations=10 $(PYTEST_ARGS)
 
 # ruff (lint + format) and the layer contracts in pyproject.toml. import-linter reads one
 # package tree, so the installed layout (envs/ -> raylab/envs, algorithms/ -> raylab/algorithms)

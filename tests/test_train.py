@@ -367,21 +367,21 @@ def test_corrupt_checkpoint_is_one_line(runs, tmp_path):
 # best checkpoint, (return - hold-pose) / (no-push return - hold-pose), all three by raylab's
 # evaluation code on the same 200 deterministic episodes (seeds 1000-1199; the standard error
 # of the mean return is about 7, 0.035 of headroom). Measured on this machine kind
-# (docs/testing.md): a default run alone made 1.84 M env steps in 10 minutes and evaluated
-# 0.07 at 229 s, 0.11 at 285 s, 0.16 at 342 s, 0.23 at 398 s (100 episodes each); the same
-# command with algo.lr=0 for 7 minutes takes 0.000 (its policy holds the pose), and a default
-# run that had only half the machine for 7 minutes (0.70 M steps) -0.015: the test needs
-# about 0.9 M env steps in its budget, 7 minutes at 2,150 env steps/s.
+# (docs/testing.md): a default 10-minute run alone, 1.84 M env steps, took 0.207 (in-training
+# evaluations 0.07 at 229 s, 0.11 at 285 s, 0.16 at 342 s, 0.23 at 398 s); a 7-minute one,
+# 1.35 M steps, 0.123, too close to the bar for a gate, so the budget stays 10 minutes; the
+# same command with algo.lr=0 takes 0.000 (its policy holds the pose), and a default run that
+# had half the machine for 7 minutes (0.70 M steps) -0.015.
 LEARNING_HEADROOM = 0.08
-LEARNING_BUDGET_S = 420
+LEARNING_BUDGET_S = 600
 LEARNING_EPISODES = 200
 
 
 @pytest.mark.slow
 @pytest.mark.alone  # a wall-clock budget: another test beside it would take half its cores
-@pytest.mark.timeout(1800)  # a 7-minute run, the baselines and 200 evaluation episodes
-def test_appo_takes_headroom_within_7_minutes(tmp_path):
-    """APPO with the defaults of `raylab train`, 7 minutes on this machine kind: its best
+@pytest.mark.timeout(1800)  # a 10-minute run, the baselines and 200 evaluation episodes
+def test_appo_takes_headroom_within_10_minutes(tmp_path):
+    """APPO with the defaults of `raylab train`, 10 minutes on this machine kind: its best
     evaluated policy must win back part of what the pushes cost the do-nothing policy (zero
     action: the servos hold the stand pose, about 300 of the 500 it scores unpushed)."""
     run_dir = tmp_path / "run"

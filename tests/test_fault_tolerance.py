@@ -1,8 +1,8 @@
 """Faults during real training on a real local head node (token authentication on).
 
 1. An EnvRunner process is killed (SIGKILL) in the middle of training: RLlib's fault tolerance
-   (restart_failed_env_runners) restarts it, training goes on to its budget, and the restart is
-   counted (Perf/env_runner_restarts in the event files and in run_summary.json).
+   (restart_failed_env_runners) restarts it, training goes on (until the test stops it), and
+   the restart is counted (Perf/env_runner_restarts in the event files and in run_summary.json).
 2. The whole driver (`raylab train`) is killed (SIGKILL) after a checkpoint; `raylab train
    --resume RUN_DIR` restores the Tune experiment from that checkpoint and continues: step and
    iteration counters go on from the checkpoint's values, not from zero.
@@ -113,7 +113,10 @@ def _wait(
 
 @pytest.fixture(scope="module")
 def envrunner_killed(head, tmp_path_factory):
-    """Train 15 s with 2 EnvRunners; SIGKILL raylab-envrunner-1 after iteration 3."""
+    """Train with 2 EnvRunners; SIGKILL raylab-envrunner-1 after iteration 3; once the run has
+    counted the restart, put the new process in its manifest and trained 5 more iterations,
+    stop it with SIGTERM (a graceful stop). Polled, not a fixed budget: on a loaded machine
+    the restarted actor takes anything from 5 to 40 s to come up."""
     head.wait_idle()
     base = tmp_path_factory.mktemp("envrunner_kill")
     run_dir, log = base / "run", base / "driver.log"
@@ -122,7 +125,7 @@ def envrunner_killed(head, tmp_path_factory):
         run_dir,
         log,
         "resources.num_env_runners=2",
-        "training.time_budget_s=15",
+        "training.time_budget_s=300",  # a cap; the test stops the run itself
         "training.checkpoint_every=0",
     )
     try:
@@ -148,7 +151,33 @@ def envrunner_killed(head, tmp_path_factory):
             log,
         )
         os.kill(int(victim["pid"]), signal.SIGKILL)
-        rc = proc.wait(timeout=300)
+
+        def restarted(s: dict) -> bool:
+            manifest = s.get("runtime_manifest") or {}
+            runner = {r["index"]: r for r in manifest.get("env_runners", [])}.get(1, {})
+            return (manifest.get("counters") or {}).get(
+                "env_runner_restarts", 0
+            ) >= 1 and runner.get("pid") not in (None, int(victim["pid"]))
+
+        at_restart = _wait(
+            lambda: restarted(s := _summary(run_dir)) and s,
+            240,
+            "the restart counted and the new EnvRunner in the manifest",
+            proc,
+            log,
+        )
+        _wait(
+            lambda: (
+                _summary(run_dir).get("training_iteration", 0)
+                >= at_restart["training_iteration"] + 5
+            ),
+            120,
+            "5 iterations after the restart",
+            proc,
+            log,
+        )
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=180)
     finally:
         _kill_group(proc)
     actors_after = [a for a in head.actors() if a.get("repr_name") == "raylab-envrunner-1"]
@@ -157,6 +186,7 @@ def envrunner_killed(head, tmp_path_factory):
         "log": log.read_text(errors="replace"),
         "run_dir": run_dir,
         "at_kill": at_kill,
+        "at_restart": at_restart,
         "victim": victim,
         "actors_after": actors_after,
     }
@@ -166,11 +196,10 @@ def test_killed_env_runner_is_restarted_and_training_continues(envrunner_killed)
     f = envrunner_killed
     assert f["rc"] == 0, f["log"][-4000:]
     summary = read_summary(f["run_dir"])
-    assert summary["status"] == "completed"
-    # Training went on well past the kill (to its 15 s budget) ...
-    assert summary["training_iteration"] >= f["at_kill"]["training_iteration"] + 5
-    assert summary["env_steps"] > f["at_kill"]["env_steps"]
-    assert summary["time_total_s"] >= 15
+    assert summary["status"] == "interrupted"  # by the test's SIGTERM, not by the kill
+    # Training went on well past the kill and the restart ...
+    assert summary["training_iteration"] >= f["at_restart"]["training_iteration"] + 5
+    assert summary["env_steps"] > f["at_restart"]["env_steps"] > f["at_kill"]["env_steps"]
     # ... with the same actor restarted in a new process (Ray actor restart, state API) ...
     assert any(int(a.get("num_restarts") or 0) >= 1 for a in f["actors_after"]), f["actors_after"]
     # ... which the run's manifest shows too (placement refreshed after the restart).
@@ -189,9 +218,7 @@ def test_env_runner_restart_is_counted_in_metrics_and_run_summary(envrunner_kill
     after = [step for step, v in column if v >= 1]
     assert before and after and max(before) < min(after)
     assert min(before) <= f["at_kill"]["env_steps"]
-    # (RLlib counts the restart once the new actor is up: on a loaded machine that can be the
-    # last report or two of the 15 s; the order above already says it stays counted.)
-    assert after == sorted(after)
+    assert max(after) >= f["at_restart"]["env_steps"]  # still counted after the restart
 
 
 def test_runtime_manifest_counts_env_runner_restarts(envrunner_killed):

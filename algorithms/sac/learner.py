@@ -13,11 +13,10 @@ import ray
 import torch
 from ray.rllib.algorithms.sac.sac_learner import SACLearner
 from ray.rllib.core import DEFAULT_MODULE_ID
-from ray.rllib.core.columns import Columns
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
 from raylab.algorithms.sac.replay import DeviceReplay
-from raylab.algorithms.sac.update import SACParts, sac_losses, sac_update
+from raylab.algorithms.sac.update import SACParts, sac_update
 from raylab.metrics import schema as S
 from raylab.metrics import trace
 from raylab.metrics import tracker as stats_tracker
@@ -40,23 +39,15 @@ class RaylabSACLearner(SACLearner, TorchLearner):
 
     From RLlib it takes SACLearner's temperature and target-entropy state and TorchLearner's
     devices and optimizer registry; the update itself is :func:`sac_update`, called by the
-    learner's own loop; ``compute_loss_for_module`` gives the same losses to RLlib's own
-    ``update`` path, which raylab's training step does not take."""
+    learner's own loop. RLlib's ``Learner.update`` path is never taken (raylab's training
+    step feeds :meth:`ingest`), so its loss hook refuses rather than computing a second,
+    untested version of the losses."""
 
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
-        # RLlib's Learner.update path (not the one raylab's loop takes): the same losses as
-        # the update thread's step, from an RLlib train batch.
-        b = {
-            "obs": batch[Columns.OBS],
-            "actions": batch[Columns.ACTIONS],
-            "rewards": batch[Columns.REWARDS].float(),
-            "next_obs": batch[Columns.NEXT_OBS],
-            "terminateds": batch[Columns.TERMINATEDS].float(),
-        }
-        total, _ = sac_losses(
-            self._parts, b, gamma=config.gamma, target_entropy=self.target_entropy[module_id]
+        raise NotImplementedError(
+            "raylab's SAC learner updates in its own loop (ingest / sac_update); RLlib's "
+            "Learner.update path is not used"
         )
-        return total
 
     def __repr__(self) -> str:
         return f"raylab-learner-{os.environ.get('RANK', '0')}"

@@ -43,10 +43,15 @@ def physics_threads(cfg: DictConfig) -> int:
     return max(1, min(n, MAX_THREADS, int(cfg.env.num_envs)))
 
 
-def env_options(cfg: DictConfig) -> Dict[str, Any]:
-    """The keyword arguments the task's vector env receives (besides num_envs)."""
+def env_options(cfg: DictConfig, evaluation: bool = False) -> Dict[str, Any]:
+    """The keyword arguments the task's vector env receives (besides num_envs). With
+    ``evaluation``, without the task's training-only options (a push curriculum, termination
+    on a fall): evaluation always runs the task itself."""
     env = OmegaConf.to_container(cfg.env, resolve=True)
     options = {k: v for k, v in env.items() if k not in PLUMBING_FIELDS}
+    if evaluation and cfg.task in TASKS:
+        for name in TASKS[cfg.task].training_only_options():
+            options.pop(name, None)
     if "num_threads" in options:
         options["num_threads"] = physics_threads(cfg)
     if cfg.task not in TASKS:
@@ -167,20 +172,24 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
 
 
 def rl_module_options(cfg: DictConfig) -> Dict[str, Any]:
-    """The RLModule: RLlib's default MLP one, or with ``env.privileged_obs`` (PPO / APPO, checked
-    when composing) the asymmetric actor-critic whose policy does not see the privileged part."""
+    """The RLModule: RLlib's default MLP one, or raylab's (PPO / APPO) where an option needs it:
+    ``env.privileged_obs`` (the asymmetric actor-critic whose policy does not see the
+    privileged part) or ``algo.max_log_std`` (a bounded policy std)."""
     model_config = {
         "fcnet_hiddens": list(cfg.algo.hidden),
         "fcnet_activation": cfg.algo.activation,
         "vf_share_layers": False,
     }
-    if not cfg.env.get("privileged_obs", False):
+    max_log_std = cfg.algo.get("max_log_std")
+    if not cfg.env.get("privileged_obs", False) and max_log_std is None:
         return {"model_config": model_config}
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
-    from raylab.algorithms.modules import ACTOR_OBS_DIM, MODULES
+    from raylab.algorithms.modules import ACTOR_OBS_DIM, MAX_LOG_STD, MODULES
 
-    model_config[ACTOR_OBS_DIM] = actor_obs_dim(cfg)
+    privileged = cfg.env.get("privileged_obs", False)
+    model_config[ACTOR_OBS_DIM] = actor_obs_dim(cfg) if privileged else None  # None: all
+    model_config[MAX_LOG_STD] = max_log_std
     return {
         "rl_module_spec": RLModuleSpec(
             module_class=MODULES[cfg.algo.name], model_config=model_config
@@ -222,6 +231,7 @@ def evaluation_options(cfg: DictConfig, runner_cls) -> Dict[str, Any]:
         evaluation_parallel_to_training=False,
         evaluation_config={
             "explore": False,
+            "env_config": env_options(cfg, evaluation=True),
             "env_runner_cls": runner_cls,
             "create_local_env_runner": True,
         }

@@ -1,7 +1,10 @@
 """raylab's RLModules.
 
 :class:`AsymmetricPPOModule` / :class:`AsymmetricAPPOModule`: RLlib's default PPO / APPO
-module whose policy sees only the first
+module, with two options. ``algo.max_log_std`` bounds the policy's log std softly
+(``max - softplus(max - raw)``: close to the raw output well below the bound, never above it),
+so that a policy trained without an entropy bonus on clipped actions cannot widen its sampling
+distribution until every sampled action saturates. And its policy sees only the first
 ``actor_obs_dim`` observation entries, while the value function sees all of them. A task with
 ``env.privileged_obs=true`` appends privileged state (true trunk velocity, height, foot contacts)
 after the policy's observation; the critic's value estimates use it, the policy (what runs on
@@ -21,13 +24,25 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.core.models.base import ENCODER_OUT
 from ray.rllib.core.rl_module.apis.target_network_api import TARGET_NETWORK_ACTION_DIST_INPUTS
 
-ACTOR_OBS_DIM = "actor_obs_dim"  # model_config key
+ACTOR_OBS_DIM = "actor_obs_dim"  # model_config keys
+MAX_LOG_STD = "max_log_std"
+
+
+def bound_log_std(dist_inputs: torch.Tensor, max_log_std) -> torch.Tensor:
+    """[mean, log_std] with log_std softly bounded above by ``max_log_std`` (None: as is)."""
+    if max_log_std is None:
+        return dist_inputs
+    mean, log_std = dist_inputs.chunk(2, dim=-1)
+    bound = float(max_log_std)
+    return torch.cat([mean, bound - torch.nn.functional.softplus(bound - log_std)], dim=-1)
 
 
 class _Asymmetric:
     """The policy path on the policy's entries, the value path on all of them."""
 
     def _actor_batch(self, batch: Dict[str, Any]) -> Dict[str, Any]:
+        if self.model_config.get(ACTOR_OBS_DIM) is None:  # no privileged part
+            return batch
         obs = batch[Columns.OBS]
         k = int(self.model_config[ACTOR_OBS_DIM])
         hidden = torch.zeros_like(obs[..., k:])
@@ -35,7 +50,10 @@ class _Asymmetric:
 
     def _forward(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
         actor = self.encoder.actor_encoder(self._actor_batch(batch))[ENCODER_OUT]
-        return {Columns.ACTION_DIST_INPUTS: self.pi(actor)}
+        return {Columns.ACTION_DIST_INPUTS: self._bounded(self.pi(actor))}
+
+    def _bounded(self, dist_inputs: torch.Tensor) -> torch.Tensor:
+        return bound_log_std(dist_inputs, self.model_config.get(MAX_LOG_STD))
 
     def _forward_train(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
         out = self._forward(batch)
@@ -51,7 +69,7 @@ class AsymmetricAPPOModule(_Asymmetric, DefaultAPPOTorchRLModule):
     def forward_target(self, batch: Dict[str, Any]) -> Dict[str, Any]:
         # APPO's old (target) policy sees what the policy sees.
         old = self._old_encoder.actor_encoder(self._actor_batch(batch))[ENCODER_OUT]
-        return {TARGET_NETWORK_ACTION_DIST_INPUTS: self._old_pi(old)}
+        return {TARGET_NETWORK_ACTION_DIST_INPUTS: self._bounded(self._old_pi(old))}
 
 
 MODULES = {"ppo": AsymmetricPPOModule, "appo": AsymmetricAPPOModule}

@@ -148,6 +148,10 @@ class OnPolicyConfig(AlgoConfig):
     init_policy_scale: float = option(
         0.01, "scale of the initial policy output weights (near-zero initial mean action)"
     )
+    max_log_std: Optional[float] = option(
+        None,
+        "soft upper bound of the policy's log std (max - softplus(max - raw)); null: unbounded",
+    )
 
 
 @dataclass

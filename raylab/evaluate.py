@@ -52,7 +52,7 @@ def make_eval_env(cfg, num_envs: int, num_threads: Optional[int] = None):
     from raylab.algorithms.build import env_id_for_runner, env_options
     from raylab.envs.tasks import TASKS
 
-    options = env_options(cfg)
+    options = env_options(cfg, evaluation=True)
     if num_threads is not None and cfg.task in TASKS:
         options["num_threads"] = int(num_threads)
     return eval_vec_env(env_id_for_runner(cfg), options, num_envs, batched=cfg.task in TASKS)
@@ -95,7 +95,7 @@ def baseline_scores(
 
     from raylab.algorithms.build import env_options
 
-    options = {k: v for k, v in env_options(cfg).items() if k != "num_threads"}
+    options = {k: v for k, v in env_options(cfg, evaluation=True).items() if k != "num_threads"}
     key = json.dumps(
         {
             "task": cfg.task,
@@ -245,7 +245,7 @@ def _video_env(cfg):
     from raylab.algorithms.build import env_options
     from raylab.envs.tasks import VECTOR_ONLY_OPTIONS
 
-    kwargs = env_options(cfg)
+    kwargs = env_options(cfg, evaluation=True)
     for k in VECTOR_ONLY_OPTIONS:
         kwargs.pop(k, None)
     return gym.make(cfg.env.gym_id, **kwargs)

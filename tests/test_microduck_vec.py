@@ -316,6 +316,8 @@ def test_out_of_range_actions_are_clipped_and_counted_identically():
         ({"info_mode": "some"}, r"unknown info_mode 'some'; valid choices: none, full"),
         ({"latency_steps": 3}, r"latency_steps=3 is invalid; valid range: 0..2"),
         ({"num_pushes": 500}, r"num_pushes=500 does not fit"),
+        ({"push_scale_end": 4.0}, r"push_scale_end=4.0 is invalid; valid range: 0..3.0"),
+        ({"push_curriculum_steps": -1}, r"push_curriculum_steps=-1 is invalid"),
     ],
 )
 def test_bad_options_raise_one_clear_line(kwargs, match):
@@ -562,3 +564,95 @@ def test_the_sensor_pass_misses_what_only_mj_forward_computes():
     touch = [j for j in range(m.nsensor) if m.sensor_type[j] == mujoco.mjtSensor.mjSENS_TOUCH]
     adr = [m.sensor_adr[j] for j in touch]
     assert not np.array_equal(d.sensordata[adr], full.sensordata[adr])
+
+
+# ---------------------------------------------------------------------------------------------
+# Training-only options: termination on a fall, the push curriculum
+# ---------------------------------------------------------------------------------------------
+
+
+def test_fall_termination_ends_fallen_episodes_identically_in_both_envs():
+    """With fall_termination the step the duck is down is `terminated` (and counted as
+    Episode_Termination/fallen); the reference env ends the same episodes on the same steps.
+    Pushes twice the task's strongest and zero action make some ducks fall."""
+    n, seed, steps = 6, 3, 250
+    opts = {"fall_termination": True, "push_scale_end": 2.0}
+    actions = np.zeros((steps, n, 14))
+    vec = MicroduckBalanceVecEnv(num_envs=n, num_threads=1, autoreset_mode="same_step", **opts)
+    got = _rollout(vec, actions, seed)
+    log = vec.pop_log()
+    vec.close()
+    assert got["term"].any(), "no duck fell: the test pushes too weakly"
+    assert log[termination_tag("fallen")] == int(got["term"].sum())
+    for i in range(n):
+        ref = MicroduckBalanceEnv(**opts)
+        ref.reset(seed=seed + i)
+        for t in range(steps):
+            _, _, te, tr, info = ref.step(actions[t, i])
+            assert te == got["term"][t, i], (i, t)
+            assert te == info["fallen"] or not te
+            if te or tr:
+                ref.reset()
+    # Without the option (the task as defined) the same episodes only ever truncate.
+    plain = MicroduckBalanceVecEnv(num_envs=n, num_threads=1, push_scale_end=2.0)
+    assert not _rollout(plain, actions, seed)["term"].any()
+    plain.close()
+
+
+def test_push_curriculum_scales_the_drawn_push_speeds_and_nothing_else():
+    from raylab.envs.tasks.microduck_balance import push_scale
+
+    o = balance_options({"push_curriculum_steps": 1000, "push_scale_start": 0.2})
+    assert [push_scale(o, s) for s in (0, 500, 1000, 5000)] == pytest.approx([0.2, 0.6, 1.0, 1.0])
+    assert push_scale(balance_options({"push_scale_end": 1.5}), 0) == 1.5
+    assert push_scale(balance_options({}), 10**9) == 1.0
+
+    def first_params(env_steps, **opts):
+        ref = MicroduckBalanceEnv(**opts)
+        ref.env_steps = env_steps
+        return ref.reset(seed=7)[1]["episode_params"]
+
+    task = first_params(0)
+    start = first_params(0, push_curriculum_steps=1000, push_scale_start=0.2)
+    half = first_params(500, push_curriculum_steps=1000, push_scale_start=0.2)
+    assert np.allclose(start.push_vel, 0.2 * task.push_vel)
+    assert np.allclose(half.push_vel, 0.6 * task.push_vel)
+    # The same draws otherwise: push steps, initial joints, the noise seed.
+    assert np.array_equal(half.push_steps, task.push_steps)
+    assert np.array_equal(half.qpos, task.qpos) and half.noise_seed == task.noise_seed
+
+    # The batched env counts the steps of all its envs and scales the episodes it resets.
+    vec = MicroduckBalanceVecEnv(
+        num_envs=4, num_threads=1, push_curriculum_steps=400, push_scale_start=0.0, info_mode="full"
+    )
+    _, info = vec.reset(seed=7)
+    assert all(np.all(p.push_vel == 0.0) for p in info["episode_params"])
+    for _ in range(250):
+        _, _, _, _, info = vec.step(np.zeros((4, 14)))
+    _, _, _, _, info = vec.step(np.zeros((4, 14)))  # the autoreset: 1000 steps in, factor 1
+    assert vec.env_steps == 1000
+    assert all(np.any(p.push_vel != 0.0) for p in info["episode_params"])
+    vec.close()
+
+
+def test_evaluation_leaves_the_training_only_options_out():
+    from raylab.algorithms.build import build_algorithm_config, env_options
+    from raylab.config import compose
+
+    cfg = compose(
+        "appo",
+        "microduck_balance",
+        overrides=[
+            "env.fall_termination=true",
+            "env.push_curriculum_steps=1000",
+            "env.push_scale_end=1.3",
+        ],
+    )
+    train, evaluation = env_options(cfg), env_options(cfg, evaluation=True)
+    assert train["fall_termination"] and train["push_scale_end"] == 1.3
+    for name in ("fall_termination", "push_curriculum_steps", "push_scale_start", "push_scale_end"):
+        assert name not in evaluation
+    assert {k: v for k, v in train.items() if k in evaluation} == evaluation
+    config = build_algorithm_config(cfg)
+    assert config.env_config["fall_termination"] is True
+    assert config.evaluation_config["env_config"] == evaluation

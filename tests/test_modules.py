@@ -159,3 +159,40 @@ def test_balance_privileged_obs_is_the_same_in_the_reference_and_the_batched_env
     # The policy's 48 entries are the plain task's; the last one is the trunk height.
     np.testing.assert_allclose(obs[:, 51], vec.unwrapped.trunk_height, rtol=1e-6)
     vec.close()
+
+
+def test_max_log_std_bounds_the_policy_std_softly():
+    """algo.max_log_std: raylab's module on a task without privileged state too; the log std
+    never exceeds the bound, stays close to the raw output well below it, and gradients flow."""
+    from raylab.algorithms.modules import bound_log_std
+
+    log_std = torch.tensor([[0.3, -4.0, 5.0], [-0.3, -1.0, 0.0]])
+    raw = torch.cat([torch.zeros(2, 3), log_std], dim=-1)  # [mean (3), log_std (3)] per row
+    out = bound_log_std(raw, -0.5)
+    assert torch.equal(out[:, :3], raw[:, :3])  # the mean is untouched
+    assert torch.all(out[:, 3:] < -0.5)
+    assert abs(float(out[0, 4]) - -4.0) < 0.05  # far below the bound: nearly the raw value
+    assert torch.equal(bound_log_std(raw, None), raw)
+
+    for algo in ("ppo", "appo"):
+        cfg = compose(algo, "microduck_balance", "mujoco", ["algo.max_log_std=-0.5"])
+        spec = rl_module_options(cfg)["rl_module_spec"]
+        env = gym.make_vec(cfg.env.gym_id, num_envs=1, vectorization_mode="vector_entry_point")
+        module = RLModuleSpec(
+            module_class=spec.module_class,
+            observation_space=env.single_observation_space,
+            action_space=env.single_action_space,
+            model_config=spec.model_config,
+        ).build()
+        env.close()
+        with torch.no_grad():
+            for p in module.pi.parameters():  # a policy head that asks for a huge std
+                p.fill_(1.0)
+        obs = torch.randn(16, module.observation_space.shape[0], requires_grad=False)
+        dist_inputs = module.forward_train({Columns.OBS: obs})[Columns.ACTION_DIST_INPUTS]
+        log_std = dist_inputs[:, 14:]
+        assert torch.all(log_std < -0.5), algo
+        log_std.sum().backward()
+        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in module.pi.parameters())
+    # Without the option the module is RLlib's default one.
+    assert "rl_module_spec" not in rl_module_options(compose("appo", "microduck_balance"))

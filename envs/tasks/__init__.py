@@ -15,9 +15,18 @@ from typing import Any, Dict, Tuple
 from omegaconf import MISSING
 
 
-def option(default: Any = MISSING, help: str = "", choices: Tuple[str, ...] = (), factory=None):
-    """A config dataclass field with its help text and, for strings, its valid choices."""
-    meta = {"help": help, "choices": choices}
+def option(
+    default: Any = MISSING,
+    help: str = "",
+    choices: Tuple[str, ...] = (),
+    factory=None,
+    training_only: bool = False,
+):
+    """A config dataclass field with its help text and, for strings, its valid choices.
+    ``training_only``: the option shapes the episodes the policy trains on (a push curriculum,
+    termination on a fall) but never the task that is evaluated: evaluation (in training,
+    ``raylab eval``, the video) builds the env without it, at the field's default."""
+    meta = {"help": help, "choices": choices, "training_only": training_only}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -105,6 +114,12 @@ class TaskSpec:
             return EnvConfig
         module, _, name = self.config.partition(":")
         return getattr(importlib.import_module(module), name)
+
+    def training_only_options(self) -> Tuple[str, ...]:
+        """The options evaluation leaves out (``option(training_only=True)``)."""
+        from dataclasses import fields
+
+        return tuple(f.name for f in fields(self.config_class()) if f.metadata.get("training_only"))
 
 
 TASKS: Dict[str, TaskSpec] = {}

@@ -83,6 +83,7 @@ SURVIVAL_MIN_HEIGHT = 0.75 * STAND_HEIGHT  # m
 SURVIVAL_MIN_UPRIGHT = 0.5  # cosine of the trunk's tilt (60 degrees)
 PUSH_MARGIN_STEPS = 25  # pushes land at least 0.5 s from either end of the episode
 MAX_LATENCY = 2  # control steps
+MAX_PUSH_SCALE = 3.0  # a training push curriculum's factor: 0..3 times the task's speeds
 BACKLASH_RAD = 0.002  # free play of the backlash variant's passive hinges (see docs/envs.md)
 
 VARIANTS = ("default", "backlash", "toes")
@@ -227,6 +228,31 @@ class MicroduckBalanceConfig(BatchedEnvConfig):
         "append privileged state (trunk-frame velocity, trunk height) after the 48 observation "
         "entries: the PPO / APPO critic sees it, the policy does not (asymmetric critic)",
     )
+    # Training-only options: the episodes the policy learns from, never the evaluated task.
+    fall_termination: bool = option(
+        False,
+        "training only: end an episode (terminated, no bootstrap) on the step the duck is down "
+        "(is_fallen), so a fall costs every reward it would still have earned; evaluation "
+        "always runs the task's fixed-length episodes",
+        training_only=True,
+    )
+    push_curriculum_steps: int = option(
+        0,
+        "training only: push speeds are scaled by a factor that goes linearly from "
+        "push_scale_start to push_scale_end over this many env steps of each vector env "
+        "(per EnvRunner: with R EnvRunners the ramp ends after about R times as many steps in "
+        "all); 0: no ramp, the factor is push_scale_end throughout",
+        training_only=True,
+    )
+    push_scale_start: float = option(
+        0.0, "training only: push-speed factor at the start of the curriculum", training_only=True
+    )
+    push_scale_end: float = option(
+        1.0,
+        "training only: push-speed factor at the end of the curriculum (above 1: pushes "
+        "stronger than the task's, for robustness late in training)",
+        training_only=True,
+    )
 
 
 def check_balance_options(o) -> None:
@@ -238,6 +264,14 @@ def check_balance_options(o) -> None:
         raise ValueError(
             f"latency_steps={o.latency_steps} is invalid; valid range: 0..{MAX_LATENCY}"
         )
+    if int(o.push_curriculum_steps) < 0:
+        raise ValueError(
+            f"push_curriculum_steps={o.push_curriculum_steps} is invalid; it must be >= 0"
+        )
+    for name in ("push_scale_start", "push_scale_end"):
+        v = float(getattr(o, name))
+        if not (math.isfinite(v) and 0 <= v <= MAX_PUSH_SCALE):
+            raise ValueError(f"{name}={v} is invalid; valid range: 0..{MAX_PUSH_SCALE}")
     for name in ("action_scale", "push_vel_min", "push_vel_max", "init_noise"):
         v = float(getattr(o, name))
         if not math.isfinite(v) or v < 0:
@@ -256,6 +290,17 @@ def check_balance_options(o) -> None:
 def balance_options(options: Dict[str, Any]) -> MicroduckBalanceConfig:
     """The balance task's options from keyword options (both envs), checked."""
     return parse_options(MicroduckBalanceConfig, options, check_balance_options)
+
+
+def push_scale(o: MicroduckBalanceConfig, env_steps: int) -> float:
+    """The training push-speed factor after ``env_steps`` steps of one env (or vector env):
+    linear from ``push_scale_start`` to ``push_scale_end`` over ``push_curriculum_steps``, then
+    ``push_scale_end``; 1.0 with the task's own options (and in evaluation)."""
+    end = float(o.push_scale_end)
+    if int(o.push_curriculum_steps) <= 0:
+        return end
+    start = float(o.push_scale_start)
+    return start + (end - start) * min(1.0, env_steps / int(o.push_curriculum_steps))
 
 
 def push_slots(episode_steps: int) -> np.ndarray:
@@ -484,13 +529,17 @@ class EpisodeParams:
 
 
 def draw_episode_params(
-    rng: np.random.Generator, opts: MicroduckBalanceConfig, robot: RobotIndex
+    rng: np.random.Generator,
+    opts: MicroduckBalanceConfig,
+    robot: RobotIndex,
+    push_factor: float = 1.0,
 ) -> EpisodeParams:
     """Draw one episode. The order of draws is part of the contract (same seed, same episode):
 
     domain randomisation (if on): 5 servo values, mass scales, floor friction, latency, noise
     width; then the joint noise (if its width > 0), push steps, push speeds, push angles, and
-    the sensor-noise seed.
+    the sensor-noise seed. ``push_factor`` (a training push curriculum, :func:`push_scale`)
+    multiplies the drawn speeds and changes no draw.
     """
     domain = None
     latency, init_noise, sensor_noise = opts.latency_steps, opts.init_noise, opts.sensor_noise
@@ -511,7 +560,7 @@ def draw_episode_params(
 
     n = opts.num_pushes
     push_steps = rng.choice(push_slots(opts.episode_steps), size=n, replace=False).astype(np.int64)
-    speed = rng.uniform(opts.push_vel_min, opts.push_vel_max, size=n)
+    speed = rng.uniform(opts.push_vel_min, opts.push_vel_max, size=n) * push_factor
     angle = rng.uniform(0.0, 2.0 * np.pi, size=n)
     push_vel = np.stack([speed * np.cos(angle), speed * np.sin(angle)], axis=1).reshape(n, 2)
     noise_seed = int(rng.integers(0, 2**63 - 1))
@@ -639,6 +688,8 @@ class MicroduckBalanceEnv(gym.Env):
         self.action_clip_count = 0  # action entries clipped to [-1, 1] since construction
         self.params: Optional[EpisodeParams] = None
         self.t = 0
+        self.ended = False
+        self.env_steps = 0  # this env's steps so far, for a training push curriculum
 
     # -- reset -----------------------------------------------------------------------------
 
@@ -646,10 +697,12 @@ class MicroduckBalanceEnv(gym.Env):
         super().reset(seed=seed)
         replay = (options or {}).get("episode_params")
         if replay is None:
-            params = draw_episode_params(self.np_random, self.opts, self.robot)
+            factor = push_scale(self.opts, self.env_steps)
+            params = draw_episode_params(self.np_random, self.opts, self.robot, factor)
         else:
             params = check_episode_params(replay, self.robot, self.opts.episode_steps)
         self.params = params
+        self.ended = False
 
         apply_physics_params(self.model, self.nominal, self.robot, params.domain)
         mujoco.mj_resetDataKeyframe(self.model, self.data, self.robot.key_id)
@@ -674,8 +727,8 @@ class MicroduckBalanceEnv(gym.Env):
     def step(self, action):
         if self.params is None:
             raise RuntimeError("call reset() before step()")
-        if self.t >= self.opts.episode_steps:
-            raise RuntimeError("the episode has ended (truncated); call reset()")
+        if self.ended:
+            raise RuntimeError("the episode has ended; call reset()")
         action = self._check_action(action)
 
         # The servos get the action from `latency` steps ago.
@@ -696,13 +749,17 @@ class MicroduckBalanceEnv(gym.Env):
         mujoco.mj_step(self.model, self.data, N_SUBSTEPS)
         mujoco.mj_forward(self.model, self.data)  # every observation channel on one timestamp
         self.t += 1
+        self.env_steps += 1
 
         reward, terms = self._reward(action, self.last_action)
         self.last_action = action
         obs = self._observe(action)
+        state = self._state_info()
+        terminated = bool(self.opts.fall_termination and state["fallen"])
         truncated = self.t >= self.opts.episode_steps
-        info = {"reward_terms": terms, "pushed": pushed, **self._state_info()}
-        return obs, reward, False, truncated, info
+        self.ended = terminated or truncated
+        info = {"reward_terms": terms, "pushed": pushed, **state}
+        return obs, reward, terminated, truncated, info
 
     def _check_action(self, action) -> np.ndarray:
         a = np.asarray(action, dtype=np.float64)

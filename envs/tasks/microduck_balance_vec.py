@@ -36,6 +36,7 @@ from raylab.envs.tasks.microduck_balance import (
     draw_episode_params,
     is_fallen,
     prototype,
+    push_scale,
     robot_index,
 )
 
@@ -68,6 +69,11 @@ def obs_gravity(env):
 # termination terms
 def time_out(env):
     return env.step_count >= env.episode_steps
+
+
+def fallen(env):
+    """Training only (``fall_termination``): the duck is down."""
+    return is_fallen(env.trunk_height, env.upright_cos)
 
 
 # event terms
@@ -127,6 +133,7 @@ PRIVILEGED_OBSERVATIONS = (
 )
 
 TERMINATIONS = (TerminationTerm("time_out", time_out, time_out=True),)
+FALL_TERMINATION = TerminationTerm("fallen", fallen)  # with fall_termination (training only)
 
 EVENTS = (
     EventTerm("physics", reset_physics, mode="reset"),
@@ -171,7 +178,7 @@ class MicroduckBalanceVecEnv(BatchedVecEnv):
             OBSERVATIONS,
             PRIVILEGED_OBSERVATIONS if self.opts.privileged_obs else (),
             REWARDS[self.reward_version],
-            TERMINATIONS,
+            TERMINATIONS + ((FALL_TERMINATION,) if self.opts.fall_termination else ()),
             COMMANDS,
             EVENTS,
         )
@@ -192,6 +199,7 @@ class MicroduckBalanceVecEnv(BatchedVecEnv):
         self.push_vel = np.zeros((n, 1, 2))
         self.obs_gyro = np.zeros((n, 3))
         self.obs_gravity = np.zeros((n, 3))
+        self.env_steps = 0  # steps of all envs so far, for a training push curriculum
 
         # Survival statistics of the running episodes and of those finished since the last pop.
         self._alive_steps = np.zeros(n, dtype=np.int64)  # steps not fallen (is_fallen)
@@ -245,10 +253,11 @@ class MicroduckBalanceVecEnv(BatchedVecEnv):
         return info
 
     def _reset_envs(self, env_ids: np.ndarray, replay: Optional[Sequence] = None) -> None:
+        factor = push_scale(self.opts, self.env_steps)
         for k, i in enumerate(env_ids):
             p = None if replay is None else replay[k]
             if p is None:
-                p = draw_episode_params(self.rngs[i], self.opts, self.robot)
+                p = draw_episode_params(self.rngs[i], self.opts, self.robot, factor)
             else:
                 p = check_episode_params(p, self.robot, self.episode_steps)
             self.episode_params[i] = p
@@ -296,6 +305,7 @@ class MicroduckBalanceVecEnv(BatchedVecEnv):
 
     def _after_physics(self, active: np.ndarray, resetting: np.ndarray):
         n = self.num_envs
+        self.env_steps += int(active.sum())
         reset_ids = np.flatnonzero(resetting)
         self.commands.step(active, self.rngs)
 

@@ -45,13 +45,14 @@ def physics_threads(cfg: DictConfig) -> int:
 
 def env_options(cfg: DictConfig, evaluation: bool = False) -> Dict[str, Any]:
     """The keyword arguments the task's vector env receives (besides num_envs). With
-    ``evaluation``, without the task's training-only options (a push curriculum, termination
-    on a fall): evaluation always runs the task itself."""
+    ``evaluation``, the task's training-only options (a push curriculum, termination on a
+    fall) at their defaults: evaluation always runs the task itself."""
     env = OmegaConf.to_container(cfg.env, resolve=True)
     options = {k: v for k, v in env.items() if k not in PLUMBING_FIELDS}
     if evaluation and cfg.task in TASKS:
-        for name in TASKS[cfg.task].training_only_options():
-            options.pop(name, None)
+        # Set to their defaults, not dropped: RLlib merges an evaluation env_config into the
+        # training one, so a missing key would keep its training value.
+        options.update(TASKS[cfg.task].training_only_options())
     if "num_threads" in options:
         options["num_threads"] = physics_threads(cfg)
     if cfg.task not in TASKS:

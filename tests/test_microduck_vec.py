@@ -635,7 +635,7 @@ def test_push_curriculum_scales_the_drawn_push_speeds_and_nothing_else():
     vec.close()
 
 
-def test_evaluation_leaves_the_training_only_options_out():
+def test_evaluation_runs_the_training_only_options_at_their_defaults():
     from raylab.algorithms.build import build_algorithm_config, env_options
     from raylab.config import compose
 
@@ -650,9 +650,15 @@ def test_evaluation_leaves_the_training_only_options_out():
     )
     train, evaluation = env_options(cfg), env_options(cfg, evaluation=True)
     assert train["fall_termination"] and train["push_scale_end"] == 1.3
-    for name in ("fall_termination", "push_curriculum_steps", "push_scale_start", "push_scale_end"):
-        assert name not in evaluation
-    assert {k: v for k, v in train.items() if k in evaluation} == evaluation
+    task = {
+        "fall_termination": False,
+        "push_curriculum_steps": 0,
+        "push_scale_start": 0.0,
+        "push_scale_end": 1.0,
+    }
+    assert evaluation == {**train, **task}
     config = build_algorithm_config(cfg)
     assert config.env_config["fall_termination"] is True
-    assert config.evaluation_config["env_config"] == evaluation
+    # What RLlib's evaluation EnvRunner gets (it merges evaluation_config into the config).
+    eval_env = config.get_evaluation_config_object().env_config
+    assert {k: eval_env[k] for k in task} == task

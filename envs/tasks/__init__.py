@@ -115,11 +115,13 @@ class TaskSpec:
         module, _, name = self.config.partition(":")
         return getattr(importlib.import_module(module), name)
 
-    def training_only_options(self) -> Tuple[str, ...]:
-        """The options evaluation leaves out (``option(training_only=True)``)."""
+    def training_only_options(self) -> Dict[str, Any]:
+        """The options evaluation runs at their defaults (``option(training_only=True)``):
+        name -> default."""
         from dataclasses import fields
 
-        return tuple(f.name for f in fields(self.config_class()) if f.metadata.get("training_only"))
+        options = fields(self.config_class())
+        return {f.name: f.default for f in options if f.metadata.get("training_only")}
 
 
 TASKS: Dict[str, TaskSpec] = {}

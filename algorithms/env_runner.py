@@ -30,6 +30,7 @@ from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
+from raylab.algorithms import rllib_compat
 from raylab.algorithms.algorithm import EPISODES_KEY
 from raylab.algorithms.env_errors import EnvErrorReporting
 from raylab.algorithms.rollout import Fragment, RolloutLoop
@@ -79,7 +80,7 @@ class RaylabEnvRunner(EnvErrorReporting, SingleAgentEnvRunner):
         quiet_actor()
         return super().make_env()
 
-    def _log_episode_metrics(self, length, ret, sec):
+    def _log_episode_metrics(self, length, ret, sec):  # a hook: rllib_compat.OVERRIDDEN_HOOKS
         # Every sampling path (RLlib's loop, raylab's rollout loop, SAC's transitions) reports
         # each finished episode here: RLlib's windowed means, and the episode itself for the
         # algorithm's reward window (raylab.algorithms.algorithm).
@@ -109,7 +110,7 @@ class RaylabFastEnvRunner(RaylabEnvRunner):
         super().__init__(*args, **kwargs)
         one_torch_thread()
 
-    def _sample(
+    def _sample(  # a hook: rllib_compat.OVERRIDDEN_HOOKS
         self,
         *,
         num_timesteps: Optional[int] = None,
@@ -136,8 +137,7 @@ class RaylabFastEnvRunner(RaylabEnvRunner):
         if self._loop is None or force_reset:
             self._loop = RolloutLoop(self.batched_env(), tracker)
             # The same seeding as RLlib's own first reset of this EnvRunner.
-            self._loop.reset(seed=self._seed if self._needs_initial_reset else None)
-            self._needs_initial_reset = False
+            self._loop.reset(seed=rllib_compat.take_initial_reset_seed(self))
             self._chunk_ids = [uuid.uuid4().hex for _ in range(self.num_envs)]
             self._chunk_t = np.zeros(self.num_envs, dtype=np.int64)
             self._ep_start = np.full(self.num_envs, time.perf_counter())
@@ -157,14 +157,13 @@ class RaylabFastEnvRunner(RaylabEnvRunner):
         trace.complete(_EXTRACT, t_extract, t_extracted, "collector")
         now = time.perf_counter()
         for env_index, length, ret, truncated in frag.episodes:
-            self._log_episode_metrics(length, ret, now - self._ep_start[env_index])
+            rllib_compat.log_episode(self, length, ret, now - self._ep_start[env_index])
             self._ep_start[env_index] = now
             tracker.scalar(**{S.EPISODE_TIMEOUT_RATE: 1.0 if truncated else 0.0})
         t_end = time.perf_counter()
         tracker.scalar(**{S.PERF_COLLECTION_TIME: t_end - t_start})
         trace.complete(_ROLLOUT, t_start, t_end, "collector")
-        self._log_env_steps(metric=self._metrics_num_env_steps_sampled, num_steps=steps)
-        self._increase_sampled_metrics(steps, len(frag.episodes))
+        rllib_compat.count_sampled(self, steps, len(frag.episodes))
         return samples
 
     def _chunks(self, frag: Fragment) -> List[SingleAgentEpisode]:
@@ -194,7 +193,7 @@ class RaylabFastEnvRunner(RaylabEnvRunner):
 
     def _episode(self, frag, i, start, end, done, obs_space, act_space) -> SingleAgentEpisode:
         sl = slice(start, end)
-        extra = {WEIGHTS_SEQ_NO: np.full(end - start, self._weights_seq_no)}
+        extra = {WEIGHTS_SEQ_NO: np.full(end - start, rllib_compat.weights_seq_no(self))}
         if frag.logp is not None:
             extra[Columns.ACTION_LOGP] = frag.logp[sl, i]
         if frag.dist_inputs is not None:

@@ -29,10 +29,9 @@ from ray.rllib.algorithms.appo.utils import CircularBuffer
 from ray.rllib.algorithms.impala.impala_learner import IMPALALearner
 from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 from ray.rllib.core.columns import Columns
-from ray.rllib.core.rl_module.apis import TargetNetworkAPI
 from ray.rllib.evaluation.postprocessing import Postprocessing
-from ray.rllib.utils.lambda_defaultdict import LambdaDefaultDict
 
+from raylab.algorithms import rllib_compat
 from raylab.metrics import schema as S
 from raylab.metrics import trace
 from raylab.metrics import tracker as stats_tracker
@@ -121,7 +120,7 @@ class _TimedLearnerMixin:
             if self._learning_cuda is not None and tracer is not None and tracer.cuda:
                 tracer.cuda.end(label(S.PERF_LEARNING_TIME), self._learning_cuda)
 
-    def _make_batch_if_necessary(self, training_data):
+    def _make_batch_if_necessary(self, training_data):  # a hook: rllib_compat.OVERRIDDEN_HOOKS
         # RLlib 2.60 has no public hook around the learner connector (episodes -> train
         # batch), so the Replay Stage / Ingest timer wraps this method of Learner.update.
         if not self.timeline.on_owner_thread():
@@ -260,29 +259,18 @@ class RaylabAPPOLearner(_TimedLearnerMixin, APPOTorchLearner):
 
     def build(self) -> None:
         # APPOLearner.build, with the timed buffer in place of RLlib's CircularBuffer. RLlib
-        # 2.60 has no public point for this timer: APPOLearner.build creates its buffer
-        # unconditionally, IMPALALearner.build starts the learner thread on it, and no config
-        # option picks the buffer class.
+        # 2.60 has no public point for this timer (rllib_compat.build_appo_learner_with_buffer).
         self._init_timeline()
-        self._last_update_ts_by_mid = __import__("collections").defaultdict(int)
+        buffer = None
         if self.config.use_circular_buffer:
-            self._learner_thread_in_queue = _TimedCircularBuffer(
+            buffer = _TimedCircularBuffer(
                 num_batches=self.config.circular_buffer_num_batches,
                 iterations_per_batch=self.config.circular_buffer_iterations_per_batch,
                 timeline=self.timeline,
             )
-        IMPALALearner.build(self)
-        self._init_policy_head()
-        self.module.foreach_module(
-            lambda mid, mod: (
-                mod.make_target_networks() if isinstance(mod, TargetNetworkAPI) else None
-            )
-        )
-        self.curr_kl_coeffs_per_module = LambdaDefaultDict(
-            lambda module_id: self._get_tensor_variable(
-                self.config.get_config_for_module(module_id).kl_coeff
-            )
-        )
+        rllib_compat.build_appo_learner_with_buffer(self, buffer, IMPALALearner)
+        self._init_policy_head()  # before the target networks copy the policy
+        rllib_compat.finish_appo_learner_build(self)
 
     def update(self, training_data, **kwargs):
         # Request thread: resolve the episodes from the object store. It overlaps the learner

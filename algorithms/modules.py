@@ -24,6 +24,8 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.core.models.base import ENCODER_OUT
 from ray.rllib.core.rl_module.apis.target_network_api import TARGET_NETWORK_ACTION_DIST_INPUTS
 
+from raylab.algorithms.rllib_compat import old_policy
+
 ACTOR_OBS_DIM = "actor_obs_dim"  # model_config keys
 MAX_LOG_STD = "max_log_std"
 
@@ -68,8 +70,9 @@ class AsymmetricPPOModule(_Asymmetric, DefaultPPOTorchRLModule):
 class AsymmetricAPPOModule(_Asymmetric, DefaultAPPOTorchRLModule):
     def forward_target(self, batch: Dict[str, Any]) -> Dict[str, Any]:
         # APPO's old (target) policy sees what the policy sees.
-        old = self._old_encoder.actor_encoder(self._actor_batch(batch))[ENCODER_OUT]
-        return {TARGET_NETWORK_ACTION_DIST_INPUTS: self._bounded(self._old_pi(old))}
+        encoder, pi = old_policy(self)
+        old = encoder.actor_encoder(self._actor_batch(batch))[ENCODER_OUT]
+        return {TARGET_NETWORK_ACTION_DIST_INPUTS: self._bounded(pi(old))}
 
 
 MODULES = {"ppo": AsymmetricPPOModule, "appo": AsymmetricAPPOModule}

@@ -83,10 +83,10 @@ def autoscaler_node_types() -> Optional[List[Tuple[Bundle, int]]]:
     the v1 monitor publishes only a status report, in which a cluster without an autoscaling
     config lists each node under Ray's anonymous type ``node_<id>``.
     """
-    try:
-        from ray._private import state
+    from raylab.algorithms.rllib_compat import gcs_cluster_config, internal_kv_get
 
-        config = state.state.get_cluster_config()
+    try:
+        config = gcs_cluster_config()
     except Exception:  # an older GCS or no access: fall through to the status report
         config = None
     if config is not None and config.node_group_configs:
@@ -99,9 +99,7 @@ def autoscaler_node_types() -> Optional[List[Tuple[Bundle, int]]]:
             if g.max_count != 0
         ]
     try:
-        from ray.experimental.internal_kv import _internal_kv_get
-
-        raw = _internal_kv_get(AUTOSCALING_STATUS_KEY)
+        raw = internal_kv_get(AUTOSCALING_STATUS_KEY)
     except Exception:
         raw = None
     return None if status_has_autoscaling_config(raw) else []

@@ -201,6 +201,7 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
 
     from raylab.algorithms.build import build_algorithm_config
     from raylab.algorithms.env_errors import board_name, create_board
+    from raylab.algorithms.rllib_compat import release_resolved_trial_futures
     from raylab.placement import check_resources
     from raylab.reporting import (
         BudgetStopper,
@@ -212,9 +213,9 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
         TUNE_DIR,
         algorithm_class,
         check_devices,
+        check_ray_version,
         init_ray,
         local_gpus,
-        release_resolved_trial_futures,
         starts_local_ray,
     )
 
@@ -229,6 +230,7 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
 
     # Join the cluster and hold one trial's resource request against it before the sweep
     # directory is claimed (trials run as many at once as the cluster grants).
+    check_ray_version()
     if starts_local_ray(spec.base):  # refusals that need no Ray come before it starts
         check_devices(spec.base, local_gpus(), "this machine")
     resources = init_ray(spec.base)

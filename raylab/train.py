@@ -16,6 +16,7 @@ from typing import Optional
 
 from omegaconf import DictConfig
 
+from raylab.algorithms.rllib_compat import ray_version_problem, release_resolved_trial_futures
 from raylab.config import compose, to_dict
 from raylab.errors import UserError
 from raylab.quiet import quiet_logs
@@ -43,53 +44,6 @@ def _job_env_vars() -> Optional[dict]:
     except (ValueError, AttributeError):
         job_env = {}
     return dict(job_env)
-
-
-class _LiveFutures(set):
-    """One actor's task futures in Tune's actor manager, without the resolved ones."""
-
-    def __init__(self, events):
-        super().__init__()
-        self._events = events
-
-    def add(self, future) -> None:
-        live = self._events.get_futures()  # the futures not resolved yet (a few)
-        self.intersection_update(live)
-        super().add(future)
-
-
-def release_resolved_trial_futures() -> bool:
-    """Stop Tune's driver from keeping every trial result in the object store.
-
-    Ray 2.60's ``RayActorManager`` adds the future of every task it schedules on a trial's
-    actor (each ``train`` call: one result dict, about 22 KB for an RLlib trial) to a per-actor
-    set that is emptied only when the actor is removed, so the driver keeps a reference to
-    every result of the trial's life: the object store grew about 1 MB a minute in a soak of
-    the default APPO run, about 160 MB in two hours. The set is only read to discard the
-    actor's pending futures when it is removed, so each add here first drops the futures the
-    event manager has already resolved. Applied once per process; False (and nothing changed)
-    where Ray's internals are not the expected ones."""
-    from collections import defaultdict
-
-    from ray.air.execution._internal.actor_manager import RayActorManager
-
-    if getattr(RayActorManager, "_raylab_live_futures", False):
-        return True
-    init = RayActorManager.__init__
-
-    def __init__(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        futures = getattr(self, "_tracked_actors_to_task_futures", None)
-        events = getattr(self, "_actor_task_events", None)
-        if isinstance(futures, defaultdict) and not futures and hasattr(events, "get_futures"):
-            self._tracked_actors_to_task_futures = defaultdict(lambda: _LiveFutures(events))
-
-    probe = RayActorManager.__init__.__code__.co_names
-    if "_tracked_actors_to_task_futures" not in probe or "_actor_task_events" not in probe:
-        return False
-    RayActorManager.__init__ = __init__
-    RayActorManager._raylab_live_futures = True
-    return True
 
 
 def _join_error(address: str, err: BaseException) -> UserError:
@@ -251,6 +205,13 @@ def check_devices(cfg: DictConfig, cluster_gpus: float, where: str = "the cluste
     return gpus
 
 
+def check_ray_version(version: Optional[str] = None) -> None:
+    """Refuse a Ray release raylab is not written against (before Ray starts)."""
+    problem = ray_version_problem(version)
+    if problem is not None:
+        raise UserError(problem)
+
+
 def prepare(cfg: DictConfig):
     """Join (or start) Ray, build the AlgorithmConfig and hold its resource request against the
     cluster (raylab.placement): a run that cannot start fails here, before a run directory is
@@ -260,6 +221,7 @@ def prepare(cfg: DictConfig):
     from raylab.algorithms.build import build_algorithm_config
     from raylab.placement import check_resources
 
+    check_ray_version()
     if starts_local_ray(cfg):
         check_devices(cfg, local_gpus(), "this machine")
     resources = init_ray(cfg)

@@ -1,5 +1,5 @@
 """Tune's driver must not keep every trial result alive
-(``raylab.train.release_resolved_trial_futures``).
+(``raylab.algorithms.rllib_compat.release_resolved_trial_futures``).
 
 Ray 2.60's actor manager keeps the future of every task it runs on a trial's actor until the
 actor is removed, so each result of a long run stayed in the object store (found by a

@@ -9,6 +9,7 @@ from typing import Any, Dict
 import numpy as np
 import ray
 
+from raylab.algorithms import rllib_compat
 from raylab.algorithms.env_runner import RaylabEnvRunner, one_torch_thread
 from raylab.algorithms.rollout import RolloutLoop
 from raylab.metrics import schema as S
@@ -71,7 +72,7 @@ class RaylabSACEnvRunner(RaylabEnvRunner):
             random_steps=-(-int(random_steps_left) // n),  # vector steps still owed random actions
         )
         for _, length, ret, truncated in frag.episodes:
-            self._log_episode_metrics(length, ret, 0.0)
+            rllib_compat.log_episode(self, length, ret, 0.0)
             tracker.scalar(**{S.EPISODE_TIMEOUT_RATE: 1.0 if truncated else 0.0})
         t_extract = time.perf_counter()
         # Transitions, flat: (obs[t], actions[t], rewards[t], obs[t + 1]) where valid; NEXT_STEP
@@ -105,7 +106,7 @@ class RaylabSACEnvRunner(RaylabEnvRunner):
             }
         )
         self.num_env_steps_sampled_lifetime += count
-        self._increase_sampled_metrics(count, len(frag.episodes))
+        rllib_compat.count_sampled(self, count, len(frag.episodes), env_steps_metric=False)
         from raylab.algorithms.callbacks import record_env_log
 
         record_env_log(self, self.metrics)

@@ -15,6 +15,7 @@ from ray.rllib.algorithms.sac.sac_learner import SACLearner
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
+from raylab.algorithms import rllib_compat
 from raylab.algorithms.sac.replay import DeviceReplay
 from raylab.algorithms.sac.update import SACParts, sac_update
 from raylab.metrics import schema as S
@@ -63,7 +64,7 @@ class RaylabSACLearner(SACLearner, TorchLearner):
             torch.set_num_threads(max(1, int(cfg.learner_torch_threads)))
         # The update thread logs while the request thread reduces: RLlib's MetricsLogger has no
         # public switch for that, so this sets the lock RLlib's own IMPALA learner sets.
-        self.metrics._threading_lock = threading.RLock()
+        rllib_compat.make_metrics_reentrant(self)
         self._model_lock = threading.Lock()  # the update vs get_state / set_state
         self._replay_lock = threading.Lock()
         self._cond = threading.Condition()

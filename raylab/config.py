@@ -56,6 +56,11 @@ class TrainingConfig:
     stop_reward: Optional[float] = option(
         None, "also stop once Train/mean_reward reaches this value (null: never)"
     )
+    stop_eval_reward: Optional[float] = option(
+        None,
+        "also stop once an evaluation's Eval/mean_reward reaches this value (null: never); "
+        "needs eval_every > 0",
+    )
     checkpoint_every: int = option(
         20, "checkpoint every N training iterations (0: only at the end)"
     )
@@ -478,6 +483,12 @@ TRACE_OPTIONS = ("trace_output_dir", "trace_thread_time", "trace_cuda_events")
 
 def _check_unsupported(cfg: DictConfig, spec: TaskSpec) -> None:
     """Options that would be accepted and then fail or do nothing: refused with one line."""
+    if cfg.training.stop_eval_reward is not None and int(cfg.training.eval_every) <= 0:
+        raise UserError(
+            f"training.stop_eval_reward={cfg.training.stop_eval_reward} does nothing with "
+            "training.eval_every=0 (no evaluation during training); set eval_every > 0, or "
+            "drop it"
+        )
     if not cfg.training.trace_enabled:
         for key in TRACE_OPTIONS:
             if cfg.training[key] not in (None, False):

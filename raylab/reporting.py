@@ -235,20 +235,41 @@ class StopRequest:
 
 
 class BudgetStopper(tune.Stopper):
-    """Stop on env steps, wall time or a target mean reward, whichever first, or on request."""
+    """Stop on env steps, wall time, a target mean reward or a target evaluation return,
+    whichever first, or on request."""
 
     def __init__(
-        self, total_steps: int, time_budget_s: Optional[float], stop_reward: Optional[float] = None
+        self,
+        total_steps: int,
+        time_budget_s: Optional[float],
+        stop_reward: Optional[float] = None,
+        stop_eval_reward: Optional[float] = None,
     ):
         self.total_steps = int(total_steps)
         self.time_budget_s = time_budget_s
         self.stop_reward = stop_reward
+        self.stop_eval_reward = stop_eval_reward
+
+    @classmethod
+    def of(cls, training) -> "BudgetStopper":
+        """The stopper of a config's ``training`` section."""
+        return cls(
+            training.total_steps,
+            training.time_budget_s,
+            training.stop_reward,
+            training.get("stop_eval_reward"),
+        )
 
     def __call__(self, trial_id: str, result: Dict[str, Any]) -> bool:
         if env_steps(result) >= self.total_steps:
             return True
         reward = result.get(S.TRAIN_MEAN_REWARD)
         if self.stop_reward is not None and _finite(reward) and reward >= self.stop_reward:
+            return True
+        # The best evaluation so far (a trained policy's; its checkpoint is this iteration's
+        # or an earlier one's, kept as checkpoints/best).
+        best = (result.get(BEST_EVAL_KEY) or {}).get("score")
+        if self.stop_eval_reward is not None and _finite(best) and best >= self.stop_eval_reward:
             return True
         if self.time_budget_s is not None and result.get("time_total_s", 0) >= self.time_budget_s:
             return True

@@ -289,11 +289,7 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
             run_config=tune.RunConfig(
                 name=TUNE_DIR,
                 storage_path=str(sweep_dir),
-                stop=BudgetStopper(
-                    spec.base.training.total_steps,
-                    spec.base.training.time_budget_s,
-                    spec.base.training.stop_reward,
-                ),
+                stop=BudgetStopper.of(spec.base.training),
                 checkpoint_config=tune.CheckpointConfig(
                     checkpoint_frequency=spec.base.training.checkpoint_every,
                     checkpoint_at_end=True,
@@ -390,7 +386,8 @@ def write_summary(spec: SweepSpec, sweep_dir: Path, results) -> Dict[str, Any]:
 
 
 def _stopped_by(spec: SweepSpec, summary: Dict[str, Any]) -> Optional[str]:
-    """Why a finished trial ended: ``budget`` (steps, time or stop_reward reached),
+    """Why a finished trial ended: ``budget`` (steps, time, stop_reward or stop_eval_reward
+    reached),
     ``scheduler`` (ASHA stopped it early) or ``interrupted``; None while unfinished."""
     status = summary.get("status")
     if status == "interrupted":
@@ -399,10 +396,12 @@ def _stopped_by(spec: SweepSpec, summary: Dict[str, Any]) -> Optional[str]:
         return None
     t = spec.base.training
     reward = (summary.get("final_metrics") or {}).get(S.TRAIN_MEAN_REWARD)
+    best = (summary.get("best_eval") or {}).get("score")
     if (
         (summary.get("env_steps") or 0) >= t.total_steps
         or (t.time_budget_s is not None and (summary.get("time_total_s") or 0) >= t.time_budget_s)
         or (t.stop_reward is not None and reward is not None and reward >= t.stop_reward)
+        or (t.stop_eval_reward is not None and (best or -math.inf) >= t.stop_eval_reward)
     ):
         return "budget"
     return "scheduler"

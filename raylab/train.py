@@ -281,9 +281,7 @@ def run_training(cfg: DictConfig, run_dir: Path, resume: bool = False, prepared=
             run_config=tune.RunConfig(
                 name=TUNE_DIR,
                 storage_path=str(run_dir.resolve()),
-                stop=BudgetStopper(
-                    cfg.training.total_steps, cfg.training.time_budget_s, cfg.training.stop_reward
-                ),
+                stop=BudgetStopper.of(cfg.training),
                 checkpoint_config=tune.CheckpointConfig(
                     checkpoint_frequency=cfg.training.checkpoint_every,
                     checkpoint_at_end=True,

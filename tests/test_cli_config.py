@@ -281,6 +281,10 @@ NO_RAY_REFUSALS = [
     (["--algo", "sac", "algo.torch_compile=true"], ["algo.torch_compile=true", "GPU learner"]),
     (["--task", "NoSuchEnv-v9"], ["NoSuchEnv-v9"]),
     (["algo.nope=1"], ["unknown config key 'algo.nope'"]),
+    (
+        ["training.stop_eval_reward=300", "training.eval_every=0"],
+        ["training.stop_eval_reward=300", "training.eval_every=0"],
+    ),
 ]
 
 

@@ -251,3 +251,23 @@ def test_best_checkpoint_is_never_replaced_by_a_worse_one_after_a_resume(tmp_pat
     assert summary["checkpoint"] == str(kept) and (kept / "weights").read_text() == "iteration 6"
     resumed.on_experiment_end([trial])
     first.on_experiment_end([trial])
+
+
+def test_budget_stopper_stops_on_the_best_evaluation_reaching_its_target():
+    """training.stop_eval_reward: a trial stops at the first result whose best evaluation (a
+    trained policy's, BEST_EVAL_KEY) reaches the target; not before, not on the training
+    return, not without the option."""
+    from raylab.algorithms.algorithm import BEST_EVAL_KEY
+    from raylab.config import compose
+    from raylab.reporting import BudgetStopper, StopRequest
+
+    StopRequest.requested.clear()
+    cfg = compose("appo", "microduck_balance", overrides=["training.stop_eval_reward=350"])
+    stop = BudgetStopper.of(cfg.training)
+    base = {"num_env_steps_sampled_lifetime": 1000, "time_total_s": 10.0}
+    assert not stop("t", base)
+    assert not stop("t", {**base, S.TRAIN_MEAN_REWARD: 400.0})  # the training return: no
+    assert not stop("t", {**base, BEST_EVAL_KEY: {"score": 349.9, "iteration": 50}})
+    assert stop("t", {**base, BEST_EVAL_KEY: {"score": 350.0, "iteration": 100}})
+    unset = BudgetStopper.of(compose("appo", "microduck_balance").training)
+    assert not unset("t", {**base, BEST_EVAL_KEY: {"score": 1e9, "iteration": 100}})

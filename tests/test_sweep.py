@@ -123,7 +123,7 @@ def test_two_trial_sweep_end_to_end(tmp_path, idle_head):
     assert all(("*" in found[0]) == (tid == best) for tid, found in rows.items()), r.stdout
 
 
-ASHA_STEPS = 12_000
+ASHA_STEPS = 8_000
 
 
 @pytest.mark.slow

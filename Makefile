@@ -32,13 +32,11 @@ install: $(STAMP)
 train: $(STAMP)
 	$(BIN)/raylab train $(ARGS)
 
-# Everything (what CI runs), in two phases (docs/testing.md): the suite, then the tests marked
-# `alone` (a learning run on a wall-clock budget) one at a time with the machine to themselves.
-# Both phases run; either failing fails the target. TEST_WORKERS=2 runs phase 1 on two
-# pytest-xdist workers (about 42 minutes instead of 53 on 2 cores), but a few
-# timing-sensitive real-run tests still fail under that contention (docs/testing.md), so CI
-# runs it serially until they do not. The 25 slowest tests of each phase are listed at its end.
-TEST_WORKERS ?= 1
+# Everything (what CI runs), in two phases (docs/testing.md): the suite on two pytest-xdist
+# workers (TEST_WORKERS; 1 runs it serially), then the tests marked `alone` (a learning run on
+# a wall-clock budget) one at a time with the machine to themselves. Both phases run; either
+# failing fails the target. The 25 slowest tests of each phase are listed at its end.
+TEST_WORKERS ?= 2
 FAST_WORKERS ?= 2
 workers = $(if $(filter 1,$(1)),,-n $(1))  # xdist's flag; its scheduler: tests/conftest.py
 test: lint

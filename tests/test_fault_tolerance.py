@@ -127,6 +127,10 @@ def envrunner_killed(head, tmp_path_factory):
         "resources.num_env_runners=2",
         "training.time_budget_s=300",  # a cap; the test stops the run itself
         "training.checkpoint_every=0",
+        # Evaluation of the initial policy only (its assertions: the last test of this part).
+        "training.eval_every=0",
+        "training.eval_before_train=true",
+        "training.eval_episodes=3",
     )
     try:
         at_kill = _wait(
@@ -226,6 +230,17 @@ def test_runtime_manifest_counts_env_runner_restarts(envrunner_killed):
     assert summary["runtime_manifest"]["counters"]["env_runner_restarts"] >= 1
 
 
+def test_eval_every_zero_evaluates_only_the_initial_policy(envrunner_killed):
+    """training.eval_every=0 with eval_before_train (this scenario's run does not depend on
+    evaluation): the initial policy's evaluation only, at step 0, and no best checkpoint.
+    (Both off, no evaluation at all: tests/test_output.py's SIGTERM run.)"""
+    run_dir = envrunner_killed["run_dir"]
+    assert [step for step, _ in extract(run_dir).column(S.EVAL_MEAN_REWARD)] == [0]
+    summary = read_summary(run_dir)
+    assert "best_eval" not in summary and "initial_eval" in summary
+    assert not (run_dir / "checkpoints" / "best").exists()
+
+
 # ------------------------------------------------------------------------- driver killed
 
 
@@ -268,6 +283,7 @@ def driver_killed_and_resumed(head, tmp_path_factory):
         "training.time_budget_s=25",
         "training.checkpoint_every=10",
         "training.eval_every=0",
+        "training.eval_before_train=false",
     )
     try:
         _wait(

@@ -177,28 +177,6 @@ def test_window_and_best_eval_survive_a_restore(tmp_path, ray_in_process):
     restored.stop()
 
 
-def test_eval_every_zero_evaluates_only_the_initial_policy(tmp_path, idle_head):
-    """training.eval_every=0 with eval_before_train: the initial policy's evaluation only, and
-    no best checkpoint. (Both off, no evaluation at all: tests/test_output.py's SIGTERM run.)"""
-    run_dir = tmp_path / "run"
-    args = [a for a in PROBE if not a.startswith("training.eval_every")]
-    r = run_cli(
-        "train",
-        *args,
-        "training.eval_every=0",
-        "training.eval_before_train=true",
-        "training.total_steps=600",
-        f"training.log_dir={run_dir}",
-        env=head_driver_env(idle_head),
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert dict(extract(run_dir).column(S.EVAL_MEAN_REWARD)) == {0: 1.0}
-    summary = read_summary(run_dir)
-    assert "best_eval" not in summary and "initial_eval" in summary
-    assert not (run_dir / "checkpoints" / "best").exists()
-
-
 def test_best_checkpoint_is_never_replaced_by_a_worse_one_after_a_resume(tmp_path):
     """The driver's Tune callback with a real run directory and real checkpoint folders. After
     --resume the algorithm's best is its restored checkpoint's, which can be older (lower) than

@@ -194,6 +194,9 @@ def _sac_run(tmp_path, head, seconds, extra=()):
         f"training.time_budget_s={seconds}",
         "resources.dashboard=false",
         "training.terminal=plain",
+        # nothing here reads an evaluation (the default evaluates 100 episodes first)
+        "training.eval_every=0",
+        "training.eval_before_train=false",
         *extra,
         env=head_driver_env(head),  # the session's Ray head (conftest.py)
         timeout=1500,

@@ -367,15 +367,21 @@ def test_corrupt_checkpoint_is_one_line(runs, tmp_path):
 # best checkpoint, (return - hold-pose) / (no-push return - hold-pose), all three by raylab's
 # evaluation code on the same 200 deterministic episodes (seeds 1000-1199; the standard error
 # of the mean return is about 7, 0.035 of headroom). The run stops as soon as an in-training
-# evaluation (100 of those episodes) has taken twice the bar (training.stop_eval_reward), or
-# after 10 minutes: a policy that learns ends the test early, one that does not fails it after
-# the whole budget. Measured on this machine kind (docs/testing.md): a default 10-minute run
-# alone, 1.84 M env steps, took 0.207 (in-training evaluations 0.07 at 229 s, 0.11 at 285 s,
-# 0.16 at 342 s, 0.23 at 398 s); a 7-minute one, 1.35 M steps, 0.123; the same command with
-# algo.lr=0 takes 0.000 (its policy holds the pose), and a default run that had half the
-# machine for 7 minutes (0.70 M steps) -0.015.
+# evaluation (the first 100 of those episodes) has taken 2.5 times the bar
+# (training.stop_eval_reward), or after 10 minutes: a policy that learns ends the test early,
+# one that does not fails it after the whole budget. Why 2.5: the stopping evaluation is the
+# first half of the test's 200 episodes, so the test fails only if the other 100 take less
+# than 2 x 0.08 minus what the first half took. Stopping at twice the bar, a clean-clone run
+# stopped at 0.99 M env steps (344 s) with 0.19 on the first 100 episodes and 0.075 on the
+# other 100 (0.133 on all 200): a second half below 0.0 would have failed it, a few per cent
+# likely. At 2.5 the other half must fall below -0.04. Measured on this machine kind
+# (docs/testing.md): a default 10-minute run alone, 1.84 M env steps, took 0.207 (in-training
+# evaluations 0.07 at 229 s, 0.11 at 285 s, 0.16 at 342 s, 0.23 at 398 s); a 7-minute one,
+# 1.35 M steps, 0.123, another 0.246; the same command with algo.lr=0 takes 0.000 (its policy
+# holds the pose), and a default run that had half the machine for 7 minutes (0.70 M steps)
+# -0.015.
 LEARNING_HEADROOM = 0.08
-LEARNING_STOP_AT = 2 * LEARNING_HEADROOM
+LEARNING_STOP_AT = 2.5 * LEARNING_HEADROOM
 LEARNING_BUDGET_S = 600
 LEARNING_EPISODES = 200
 

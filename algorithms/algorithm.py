@@ -169,6 +169,8 @@ class RaylabAlgorithmMixin(EnvErrorPolicy):
         # The best evaluation of a trained policy (the initial policy's, before training, is no
         # checkpoint's): a new best asks Tune to checkpoint this iteration.
         score = eval_tags(result.get(EVALUATION_RESULTS)).get(S.EVAL_MEAN_REWARD)
+        if score is not None:  # a sweep's scheduler may rank trials by it (raylab.sweep)
+            result[S.EVAL_MEAN_REWARD] = score
         best = self.best_eval
         if score is not None and (best is None or score > best["score"]):
             self._best_eval = {"score": score, "iteration": int(self.iteration)}

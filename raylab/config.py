@@ -137,7 +137,7 @@ class AlgoConfig:
     hidden: List[int] = option(
         help="hidden layer sizes of policy and value nets", factory=lambda: [256, 256]
     )
-    activation: str = option("tanh", "hidden activation", ("tanh", "relu", "silu"))
+    activation: str = option("tanh", "hidden activation", ("tanh", "relu", "silu", "elu"))
     grad_clip: Optional[float] = option(1.0, "global gradient-norm clip (null: off)")
 
 
@@ -198,7 +198,7 @@ class APPOConfig(OnPolicyConfig):
 class SACConfig(AlgoConfig):
     name: str = "sac"
     algo_log_name: str = "sac"
-    activation: str = option("relu", "hidden activation", ("tanh", "relu", "silu"))
+    activation: str = option("relu", "hidden activation", ("tanh", "relu", "silu", "elu"))
     actor_lr: float = option(3e-4, "policy learning rate")
     critic_lr: float = option(3e-4, "Q-function learning rate")
     alpha_lr: float = option(3e-4, "temperature learning rate")

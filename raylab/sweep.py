@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -29,6 +30,14 @@ from raylab.metrics import schema as S
 SAMPLED_KEY = "raylab_sampled"
 DISTRIBUTIONS = ("choice", "uniform", "loguniform", "randint", "grid")
 SCHEDULERS = ("asha", "fifo")
+# The metrics a sweep ranks trials by. Eval/mean_reward is the task's own evaluation (its
+# episodes, seeds and protocol), reported on the iterations that evaluate: ASHA decides a rung
+# at the first evaluation at or after it, and a trial's value in the summary is its best
+# evaluation, whose checkpoint is the trial's checkpoints/best.
+SWEEP_METRICS = (S.TRAIN_MEAN_REWARD, S.TRAIN_MEAN_EPISODE_LENGTH, S.EVAL_MEAN_REWARD)
+# ASHA's largest rung, in iterations. Tune's default (100) would stop every trial at iteration
+# 100 whatever its budget; the sweep's budget (steps, time) is what ends a surviving trial.
+ASHA_MAX_T = 10**9
 TOP_KEYS = (
     "name",
     "algo",
@@ -88,9 +97,16 @@ class SweepSpec:
         if self.scheduler not in SCHEDULERS:
             raise UserError(f"{path}: " + choices_hint(self.scheduler, SCHEDULERS, "scheduler"))
         self.metric = str(sched.get("metric", S.TRAIN_MEAN_REWARD))
-        metrics = (S.TRAIN_MEAN_REWARD, S.TRAIN_MEAN_EPISODE_LENGTH)
-        if self.metric not in metrics:
-            raise UserError(f"{path}: scheduler " + choices_hint(self.metric, metrics, "metric"))
+        if self.metric not in SWEEP_METRICS:
+            raise UserError(
+                f"{path}: scheduler " + choices_hint(self.metric, SWEEP_METRICS, "metric")
+            )
+        if self.metric == S.EVAL_MEAN_REWARD and not self.base.training.eval_every:
+            raise UserError(
+                f"{path}: scheduler metric {S.EVAL_MEAN_REWARD} needs evaluations during "
+                "training, but training.eval_every=0; set training.eval_every (iterations "
+                "between evaluations) in 'overrides'"
+            )
         self.mode = str(sched.get("mode", "max"))
         if self.mode not in ("max", "min"):
             raise UserError(f"{path}: scheduler mode '{self.mode}': valid choices: max, min")
@@ -185,6 +201,62 @@ def make_trainable(spec: SweepSpec, num_gpus_per_learner: float, env_error_board
     return SweepTrial
 
 
+class SweepProgress:
+    """Progress of a sweep on stderr: one line per trial when it starts (its sampled values),
+    after each of its evaluations, and at least once a minute in between."""
+
+    def __init__(self, every_s: float = 60.0):
+        self.every_s = every_s
+        self._last: Dict[str, float] = {}
+
+    def __call__(self, trial, result: Dict[str, Any], metrics: Dict[str, float]) -> None:
+        import time
+
+        from raylab.reporting import env_steps
+
+        now = time.monotonic()
+        tid = trial.trial_id
+        evaluated = S.EVAL_MEAN_REWARD in result
+        if tid not in self._last:
+            sampled = (getattr(trial, "config", None) or {}).get(SAMPLED_KEY) or {}
+            values = " ".join(f"{k}={json.dumps(v)}" for k, v in sorted(sampled.items()))
+            print(f"raylab: trial {tid} started: {values}", file=sys.stderr, flush=True)
+        elif not evaluated and now - self._last[tid] < self.every_s:
+            return
+        self._last[tid] = now
+        parts = [
+            f"raylab: trial {tid}",
+            f"iteration {int(result.get('training_iteration', 0))}",
+            f"{env_steps(result):,} env steps",
+            _fmt(S.TRAIN_MEAN_REWARD, result.get(S.TRAIN_MEAN_REWARD)),
+            _fmt(S.EVAL_MEAN_REWARD, result.get(S.EVAL_MEAN_REWARD)),
+        ]
+        print(", ".join(p for p in parts if p), file=sys.stderr, flush=True)
+
+
+def _fmt(tag: str, value: Any) -> Optional[str]:
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return f"{tag} {value:.1f}"
+    return None
+
+
+def make_scheduler(spec: SweepSpec):
+    """The sweep's Tune scheduler: ASHA on training iterations, or FIFO (every trial runs its
+    budget)."""
+    from ray.tune.schedulers import FIFOScheduler
+
+    from raylab.reporting import QuietASHAScheduler
+
+    if spec.scheduler != "asha":
+        return FIFOScheduler()
+    return QuietASHAScheduler(
+        time_attr="training_iteration",
+        max_t=ASHA_MAX_T,
+        grace_period=spec.grace_period,
+        reduction_factor=spec.reduction_factor,
+    )
+
+
 def sweep_dir_for(spec: SweepSpec) -> Path:
     from datetime import datetime
 
@@ -197,7 +269,6 @@ def sweep_dir_for(spec: SweepSpec) -> Path:
 
 def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> int:
     from ray import tune
-    from ray.tune.schedulers import FIFOScheduler
 
     from raylab.algorithms.build import build_algorithm_config
     from raylab.algorithms.env_errors import board_name, create_board
@@ -205,7 +276,6 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
     from raylab.placement import check_resources
     from raylab.reporting import (
         BudgetStopper,
-        QuietASHAScheduler,
         RaylabTuneCallback,
         StopRequest,
     )
@@ -251,6 +321,11 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
     board_ref = board_name(Path(sweep_dir).resolve())
     board = create_board(board_ref)  # noqa: F841  (kept alive while the sweep runs)
     trainable = make_trainable(spec, gpus, board_ref)
+    if spec.metric == S.EVAL_MEAN_REWARD:
+        # Tune refuses a result without the metric unless told otherwise: the evaluation
+        # metric is in the results of the iterations that evaluate only, and ASHA decides a
+        # rung at the first of them at or after it.
+        os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
     release_resolved_trial_futures()
     StopRequest.install()
 
@@ -268,21 +343,13 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
             resume_errored=True,
         )
     else:
-        if spec.scheduler == "asha":
-            scheduler = QuietASHAScheduler(
-                time_attr="training_iteration",
-                grace_period=spec.grace_period,
-                reduction_factor=spec.reduction_factor,
-            )
-        else:
-            scheduler = FIFOScheduler()
         tuner = tune.Tuner(
             trainable,
             param_space=spec.param_space(),
             tune_config=tune.TuneConfig(
                 metric=spec.metric,
                 mode=spec.mode,
-                scheduler=scheduler,
+                scheduler=make_scheduler(spec),
                 num_samples=spec.num_samples,
                 max_concurrent_trials=spec.max_concurrent,
             ),
@@ -296,7 +363,7 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
                     num_to_keep=2,
                 ),
                 failure_config=tune.FailureConfig(max_failures=spec.base.training.max_failures),
-                callbacks=[RaylabTuneCallback(run_dir_for=run_dir_for)],
+                callbacks=[RaylabTuneCallback(run_dir_for=run_dir_for, progress=SweepProgress())],
                 verbose=0,
             ),
         )
@@ -332,7 +399,10 @@ def write_summary(spec: SweepSpec, sweep_dir: Path, results) -> Dict[str, Any]:
             config = json.loads((trial_dir / "run_config.json").read_text())
         except Exception:  # a trial that never reported: listed without a value
             summary, config = {}, None
-        value = (summary.get("final_metrics") or {}).get(spec.metric)
+        if spec.metric == S.EVAL_MEAN_REWARD:
+            value = (summary.get("best_eval") or {}).get("score")
+        else:
+            value = (summary.get("final_metrics") or {}).get(spec.metric)
         sampled = (
             {k: OmegaConf.select(OmegaConf.create(config), k) for k in spec.search}
             if config

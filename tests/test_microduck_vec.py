@@ -84,11 +84,14 @@ def test_env_i_always_runs_on_thread_i_mod_t():
     assert owned_envs(2, 4) == [[0], [1]]
 
 
+@pytest.mark.parametrize("history", [0, 3], ids=["plain", "obs_history"])
 @pytest.mark.parametrize("mode", ["next_step", "same_step"])
-def test_threaded_envs_equal_sequential_reference_envs_through_autoreset(mode):
+def test_threaded_envs_equal_sequential_reference_envs_through_autoreset(mode, history):
     n, seed, steps = 3, 21, 300
     actions = _actions(steps, n, seed=2, amplitude=0.4)
     opts = {"reward_version": "v1", "latency_steps": 1, "sensor_noise": True}
+    if history:  # the history sits between the policy's entries and the privileged ones
+        opts.update(obs_history=history, privileged_obs=True)
     vec = MicroduckBalanceVecEnv(num_envs=n, num_threads=2, autoreset_mode=mode, **opts)
     got = _rollout(vec, actions, seed)
     vec.close()
@@ -318,6 +321,7 @@ def test_out_of_range_actions_are_clipped_and_counted_identically():
         ({"num_pushes": 500}, r"num_pushes=500 does not fit"),
         ({"push_scale_end": 4.0}, r"push_scale_end=4.0 is invalid; valid range: 0..3.0"),
         ({"push_curriculum_steps": -1}, r"push_curriculum_steps=-1 is invalid"),
+        ({"obs_history": 9}, r"obs_history=9 is invalid; valid range: 0..8"),
     ],
 )
 def test_bad_options_raise_one_clear_line(kwargs, match):
@@ -662,3 +666,43 @@ def test_evaluation_runs_the_training_only_options_at_their_defaults():
     # What RLlib's evaluation EnvRunner gets (it merges evaluation_config into the config).
     eval_env = config.get_evaluation_config_object().env_config
     assert {k: eval_env[k] for k in task} == task
+
+
+@pytest.mark.parametrize("mode", ["next_step", "same_step"])
+def test_obs_history_holds_the_previous_observations_newest_first(mode):
+    """obs_history=k: [current 48, previous k observations' 48 each, privileged 4]; at the
+    start of an episode the history is the first observation k times."""
+    k, d = 2, 48
+    vec = MicroduckBalanceVecEnv(
+        num_envs=2,
+        obs_history=k,
+        privileged_obs=True,
+        episode_steps=30,
+        num_pushes=0,
+        autoreset_mode=mode,
+    )
+    assert vec.single_observation_space.shape == (d * (1 + k) + 4,)
+    assert vec.actor_obs_dim == d * (1 + k)
+
+    def parts(o):
+        return o[:, :d], [o[:, d * (j + 1) : d * (j + 2)] for j in range(k)], o[:, d * (1 + k) :]
+
+    obs, _ = vec.reset(seed=3)
+    now, past, _ = parts(obs)
+    assert all(np.array_equal(p, now) for p in past)
+    episodes = [[now[i]] for i in range(2)]  # each env's observations since its episode began
+    actions = _actions(40, 2, seed=1, amplitude=0.3)
+    for t in range(40):
+        obs, _, term, trunc, _ = vec.step(actions[t])
+        now, past, priv = parts(obs)
+        starts = vec.step_count == 0 if mode == "next_step" else (term | trunc)
+        for i in range(2):
+            if starts[i]:
+                episodes[i] = []
+            seen = episodes[i]
+            for j in range(k):  # the j-th newest earlier one; the first one at the start
+                expected = seen[max(len(seen) - 1 - j, 0)] if seen else now[i]
+                assert np.array_equal(past[j][i], expected), (t, i, j)
+            seen.append(now[i])
+        assert np.array_equal(priv[:, 3], vec.trunk_height.astype(np.float32))
+    vec.close()

@@ -28,7 +28,7 @@ SHIPPED = sorted((REPO / "tune_configs").glob("*.yaml"))
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
 def test_shipped_sweeps_compose(path):
     spec = load_spec(str(path))
-    assert spec.search and spec.metric == S.TRAIN_MEAN_REWARD
+    assert spec.search and spec.metric in (S.TRAIN_MEAN_REWARD, S.EVAL_MEAN_REWARD)
     # every search key is a real config key of that algorithm and task
     cfg = spec.trial_config({k: None for k in []})
     assert cfg.algo.name == spec.algo and cfg.task == spec.task
@@ -59,6 +59,10 @@ def _write(tmp_path, **data) -> Path:
         ({"scheduler": {"metric": "Perf/total_fps"}}, "Train/mean_reward"),
         ({"colour": "red"}, "unknown sweep key 'colour'"),
         ({"overrides": ["algo.nope=1"]}, "algo.nope"),
+        (
+            {"scheduler": {"metric": "Eval/mean_reward"}, "overrides": ["training.eval_every=0"]},
+            "training.eval_every=0",
+        ),
     ],
 )
 def test_bad_sweep_files_fail_with_one_line(tmp_path, data, needle):
@@ -67,12 +71,34 @@ def test_bad_sweep_files_fail_with_one_line(tmp_path, data, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+def test_asha_leaves_a_trial_past_iteration_100_to_its_budget(tmp_path):
+    """Tune's ASHA stops every trial at its max_t, 100 iterations by default; a sweep's trial
+    runs until its budget (steps, time) unless a rung cuts it."""
+    from types import SimpleNamespace
+
+    from ray.tune.schedulers import TrialScheduler
+
+    from raylab.sweep import make_scheduler
+
+    spec = load_spec(str(_write(tmp_path, scheduler={"grace_period": 5, "reduction_factor": 3})))
+    scheduler = make_scheduler(spec)
+    scheduler.set_search_properties(spec.metric, spec.mode)
+    trial = SimpleNamespace(trial_id="t0")
+    scheduler.on_trial_add(None, trial)
+    for iteration in range(1, 400):
+        action = scheduler.on_trial_result(
+            None, trial, {"training_iteration": iteration, spec.metric: float(iteration)}
+        )
+        assert action == TrialScheduler.CONTINUE, iteration
+
+
 def test_missing_sweep_file_is_one_line_exit_2(tmp_path):
     r = run_cli("tune", str(tmp_path / "none.yaml"), timeout=60)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_two_trial_sweep_end_to_end(tmp_path, idle_head):
+    """Two trials ranked by their evaluations (Eval/mean_reward: each trial's best)."""
     path = _write(
         tmp_path,
         name="tiny",
@@ -83,10 +109,13 @@ def test_two_trial_sweep_end_to_end(tmp_path, idle_head):
             "algo.hidden=[32,32]",
             "resources.dashboard=false",
             "training.checkpoint_every=2",
+            "training.eval_every=2",
+            "training.eval_episodes=2",
+            "training.eval_before_train=false",
         ],
         # a second, long key: the printed table must hold every column name in full
         search={"algo.lr": {"grid": [3e-4, 1e-3]}, "algo.entropy_coeff": {"choice": [0.0]}},
-        scheduler={"type": "fifo"},
+        scheduler={"type": "fifo", "metric": S.EVAL_MEAN_REWARD},
         num_samples=1,
         max_concurrent_trials=1,
         budget={"time_budget_s": 8},
@@ -99,21 +128,28 @@ def test_two_trial_sweep_end_to_end(tmp_path, idle_head):
     assert len(table["trials"]) == 2
     lrs = sorted(t["config"]["algo.lr"] for t in table["trials"])
     assert lrs == [3e-4, 1e-3]
-    assert table["best"] is not None and table["best"]["trial_id"] in {
-        t["trial_id"] for t in table["trials"]
-    }
+    assert table["metric"] == S.EVAL_MEAN_REWARD
+    assert table["best"]["metric"] == max(t["metric"] for t in table["trials"])
     for t in table["trials"]:
         run_dir = Path(t["run_dir"])
         summary = read_summary(run_dir / "run_summary.json")
         assert summary["status"] == "completed"
+        assert t["metric"] == summary["best_eval"]["score"]
+        assert t["checkpoint"] == summary["best_eval"]["checkpoint"]
         config = json.loads((run_dir / "run_config.json").read_text())
         assert config["algo"]["lr"] == t["config"]["algo.lr"]
         assert all(S.is_canonical(tag) for tag in extract(run_dir).tags)
     assert (sweep_dir / "sweep_summary.csv").read_text().count("\n") == 3
+    # Progress on stderr: each trial's start with its sampled values, a line per evaluation.
+    for t in table["trials"]:
+        tid = t["trial_id"]
+        assert f"raylab: trial {tid} started: " in r.stderr, r.stderr[-3000:]
+        evals = [ln for ln in r.stderr.splitlines() if ln.startswith(f"raylab: trial {tid},")]
+        assert any(S.EVAL_MEAN_REWARD in ln for ln in evals), r.stderr[-3000:]
     # The table printed into a pipe: full trial ids and column names, the best trial marked on
     # its own row (not cut to an 80-column terminal).
     header = next(line for line in r.stdout.splitlines() if "trial" in line and "status" in line)
-    for name in ("trial", "best", "status", "env steps", S.TRAIN_MEAN_REWARD, "algo.lr"):
+    for name in ("trial", "best", "status", "env steps", S.EVAL_MEAN_REWARD, "algo.lr"):
         assert name in header, r.stdout
     assert "algo.entropy_coeff" in header, r.stdout
     lines = r.stdout.splitlines()
@@ -199,7 +235,7 @@ def test_tune_resume_after_the_driver_is_killed_finishes_the_unfinished_trials(t
             "training.eval_before_train=false",
         ],
         search={"algo.lr": {"grid": [3e-4, 1e-3, 3e-3]}},
-        scheduler={"type": "fifo"},
+        scheduler={"type": "fifo", "metric": S.EVAL_MEAN_REWARD},
         num_samples=1,
         max_concurrent_trials=1,
         budget={"time_budget_s": 8},

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
-_ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU}
+_ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU, "elu": nn.ELU}
 
 
 def mlp(

@@ -65,29 +65,72 @@ class ObservationManager:
 
     The scale table is float32 (as the reference's constants are); multiplying the float64 raw
     values by it promotes each constant to float64 exactly as numpy does for the reference.
+
+    With ``history=k`` the observation also holds the policy's previous k observations (the
+    first ``policy_dim`` entries of the previous k returned observations, newest first) right
+    after the policy's entries and before the critic-only ones: [policy, history, privileged].
+    An env whose episode starts with this observation (``fresh``) has its history filled with
+    its first observation.
     """
 
-    def __init__(self, terms: Sequence[ObsTerm], num_envs: int):
+    def __init__(
+        self,
+        terms: Sequence[ObsTerm],
+        num_envs: int,
+        policy_dim: Optional[int] = None,
+        history: int = 0,
+    ):
         _check_unique(terms, "observation")
         self.terms = tuple(terms)
-        self.dim = sum(t.size for t in self.terms)
+        self.term_dim = sum(t.size for t in self.terms)
+        self.policy_dim = self.term_dim if policy_dim is None else int(policy_dim)
+        self.history = int(history)
+        self.dim = self.term_dim + self.history * self.policy_dim
         self.scale = np.concatenate(
             [np.full(t.size, t.scale, dtype=np.float32) for t in self.terms]
         )
+        # Where each term (and the history) lies in the returned observation.
+        self._term_slices = []  # (term, its slice of the term vector)
+        start = 0
+        for t in self.terms:
+            self._term_slices.append((t, slice(start, start + t.size)))
+            start += t.size
         self.slices: Dict[str, slice] = {}
         start = 0
         for t in self.terms:
+            if start == self.policy_dim and self.history:
+                self.slices["history"] = slice(start, start + self.history * self.policy_dim)
+                start += self.history * self.policy_dim
             self.slices[t.name] = slice(start, start + t.size)
             start += t.size
-        self._raw = np.zeros((num_envs, self.dim))
+        if self.history and "history" not in self.slices:
+            self.slices["history"] = slice(start, start + self.history * self.policy_dim)
+        self._raw = np.zeros((num_envs, self.term_dim))
+        self._hist = np.zeros((num_envs, self.history, self.policy_dim))
         self.obs = np.zeros((num_envs, self.dim), dtype=np.float32)
 
-    def compute(self, env) -> np.ndarray:
-        """Fill and return the preallocated (N, dim) float32 buffer (callers copy it out)."""
-        for t in self.terms:
-            self._raw[:, self.slices[t.name]] = t.fn(env)
+    def compute(self, env, fresh=None, rows=None) -> np.ndarray:
+        """Fill and return the preallocated (N, dim) float32 buffer (callers copy it out).
+
+        ``rows``: the envs whose observation is returned now (default all): only their history
+        moves on. ``fresh``: those whose episode starts with it."""
+        for t, where in self._term_slices:
+            self._raw[:, where] = t.fn(env)
         np.multiply(self._raw, self.scale, out=self._raw)
-        self.obs[:] = self._raw
+        if not self.history:
+            self.obs[:] = self._raw
+            return self.obs
+        p, h = self.policy_dim, self._hist
+        frame = self._raw[:, :p]
+        if fresh is not None and len(fresh):
+            h[fresh] = frame[fresh][:, None, :]
+        hist = self.slices["history"]
+        self.obs[:, :p] = frame
+        self.obs[:, hist] = h.reshape(len(h), -1)
+        self.obs[:, hist.stop :] = self._raw[:, p:]
+        ids = slice(None) if rows is None else rows
+        h[ids, 1:] = h[ids, :-1]
+        h[ids, 0] = frame[ids]
         return self.obs
 
 

@@ -207,12 +207,17 @@ class BatchedVecEnv(VectorEnv, abc.ABC):
         terminations: Sequence,
         commands: Sequence,
         events: Sequence,
+        history: int = 0,
     ) -> None:
-        """The term managers and the spaces. The observation is the policy's ``observations``
-        then the ``privileged`` (critic-only) terms; ``actor_obs_dim`` is the policy's share."""
+        """The term managers and the spaces. The observation is the policy's ``observations``,
+        then (``history=k``) its previous k observations, then the ``privileged`` (critic-only)
+        terms; ``actor_obs_dim`` is the policy's share."""
         n = self.num_envs
-        self.observations = ObservationManager(tuple(observations) + tuple(privileged), n)
-        self.actor_obs_dim = sum(t.size for t in observations)
+        policy_dim = sum(t.size for t in observations)
+        self.observations = ObservationManager(
+            tuple(observations) + tuple(privileged), n, policy_dim=policy_dim, history=history
+        )
+        self.actor_obs_dim = policy_dim * (1 + int(history))
         self.rewards = RewardManager(rewards, n)
         self.terminations = TerminationManager(terminations, n)
         self.commands = CommandManager(commands, n)
@@ -283,7 +288,7 @@ class BatchedVecEnv(VectorEnv, abc.ABC):
         self._needs_reset[:] = False
         self.stepping[:] = False
         self._observe(ids)
-        obs = self.observations.compute(self).copy()
+        obs = self.observations.compute(self, fresh=ids).copy()
         info = self._reset_info() if self.info_mode == "full" else {}
         return obs, info
 
@@ -320,7 +325,7 @@ class BatchedVecEnv(VectorEnv, abc.ABC):
             done_ids = keep_final(obs, info, done, self.info_mode == "full")
             self._reset_envs(done_ids)
             self._observe(done_ids)
-            obs[done_ids] = self.observations.compute(self)[done_ids]
+            obs[done_ids] = self.observations.compute(self, fresh=done_ids, rows=done_ids)[done_ids]
         t6 = time.perf_counter()
         if self._leak_bytes:
             self._leaked.append(b"\1" * self._leak_bytes)  # touched, so it is resident

@@ -742,7 +742,7 @@ class JoystickVecEnv(BatchedVecEnv):
         # The next command (resampled when due) is what the observation shows.
         self.commands.step(active, self.rngs)
         self._set_command()
-        obs = self.observations.compute(self).copy()
+        obs = self.observations.compute(self, fresh=np.flatnonzero(resetting)).copy()
         return obs, reward, terminated, truncated, info
 
     def _state_info(self) -> Dict[str, np.ndarray]:

@@ -71,6 +71,7 @@ OBS_DIM = 48
 # privileged_obs: the critic-only entries after the 48: trunk-frame linear velocity (m/s, the
 # velocimeter at the IMU) and trunk height (m, the IMU site's z).
 PRIVILEGED_DIM = 4
+MAX_OBS_HISTORY = 8  # obs_history: at most 8 previous observations (0.16 s)
 N_SUBSTEPS = 10  # mj_step per control step: 10 x 0.002 s = 50 Hz control
 CONTROL_DT = 0.02
 STAND_HEIGHT = 0.12  # trunk origin in the "stand" keyframe (m)
@@ -228,6 +229,12 @@ class MicroduckBalanceConfig(BatchedEnvConfig):
         "append privileged state (trunk-frame velocity, trunk height) after the 48 observation "
         "entries: the PPO / APPO critic sees it, the policy does not (asymmetric critic)",
     )
+    obs_history: int = option(
+        0,
+        "the policy also sees its previous k observations (48 entries each, newest first, "
+        "after the current 48 and before any privileged entries); a push shows in how the "
+        "gyro, gravity and joints move from step to step; 0-8",
+    )
     # Training-only options: the episodes the policy learns from, never the evaluated task.
     fall_termination: bool = option(
         False,
@@ -260,6 +267,10 @@ def check_balance_options(o) -> None:
     :func:`balance_options`); each raises one line naming the value and the valid range."""
     if int(o.episode_steps) < 1:
         raise ValueError(f"episode_steps={o.episode_steps} is invalid; it must be >= 1")
+    if not (0 <= int(o.obs_history) <= MAX_OBS_HISTORY):
+        raise ValueError(
+            f"obs_history={o.obs_history} is invalid; valid range: 0..{MAX_OBS_HISTORY}"
+        )
     if not (0 <= int(o.latency_steps) <= MAX_LATENCY):
         raise ValueError(
             f"latency_steps={o.latency_steps} is invalid; valid range: 0..{MAX_LATENCY}"
@@ -681,8 +692,8 @@ class MicroduckBalanceEnv(gym.Env):
         self.data = mujoco.MjData(self.model)
         self.robot = robot_index(self.opts.variant)
         self.nominal = nominal_physics(self.model)
-        self.actor_obs_dim = OBS_DIM
-        dim = OBS_DIM + (PRIVILEGED_DIM if self.opts.privileged_obs else 0)
+        self.actor_obs_dim = OBS_DIM * (1 + self.opts.obs_history)
+        dim = self.actor_obs_dim + (PRIVILEGED_DIM if self.opts.privileged_obs else 0)
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (dim,), np.float32)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (NUM_ACTIONS,), np.float32)
         self.action_clip_count = 0  # action entries clipped to [-1, 1] since construction
@@ -718,6 +729,7 @@ class MicroduckBalanceEnv(gym.Env):
             [zeros] * (params.latency + 1), maxlen=params.latency + 1
         )
         self.noise_rng = np.random.default_rng(params.noise_seed)
+        self.obs_history = None  # filled with the first observation
         obs = self._observe(zeros)
         info = {"episode_params": params.copy(), **self._state_info()}
         return obs, info
@@ -785,6 +797,13 @@ class MicroduckBalanceEnv(gym.Env):
         gravity = np.array(projected_gravity(quat))
         raw = np.concatenate([q - self.robot.stand, qd, action, gyro, gravity])
         obs = (raw * OBS_SCALE).astype(np.float32)
+        k = self.opts.obs_history
+        if k:  # the previous k observations, newest first (the first one k times at a reset)
+            if self.obs_history is None:
+                self.obs_history = collections.deque([obs] * k, maxlen=k)
+            past = list(self.obs_history)
+            self.obs_history.appendleft(obs)
+            obs = np.concatenate([obs, *past])
         if not self.opts.privileged_obs:
             return obs
         extra = np.concatenate(

@@ -181,6 +181,7 @@ class MicroduckBalanceVecEnv(BatchedVecEnv):
             TERMINATIONS + ((FALL_TERMINATION,) if self.opts.fall_termination else ()),
             COMMANDS,
             EVENTS,
+            history=self.opts.obs_history,
         )
 
         # Env state: plain arrays, one row per env.
@@ -311,7 +312,7 @@ class MicroduckBalanceVecEnv(BatchedVecEnv):
 
         self._read_sensors()
         self._observe(np.arange(n))
-        obs = self.observations.compute(self).copy()
+        obs = self.observations.compute(self, fresh=reset_ids).copy()
         reward = self.rewards.compute(self, active).copy()
         terminated, truncated = self.terminations.compute(self, active)
         terminated, truncated = terminated.copy(), truncated.copy()

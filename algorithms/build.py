@@ -175,22 +175,25 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
 def rl_module_options(cfg: DictConfig) -> Dict[str, Any]:
     """The RLModule: RLlib's default MLP one, or raylab's (PPO / APPO) where an option needs it:
     ``env.privileged_obs`` (the asymmetric actor-critic whose policy does not see the
-    privileged part) or ``algo.max_log_std`` (a bounded policy std)."""
+    privileged part), ``algo.max_log_std`` (a bounded policy std) or ``algo.normalize_obs``
+    (running observation normalisation inside the module)."""
     model_config = {
         "fcnet_hiddens": list(cfg.algo.hidden),
         "fcnet_activation": cfg.algo.activation,
         "vf_share_layers": False,
     }
     max_log_std = cfg.algo.get("max_log_std")
-    if not cfg.env.get("privileged_obs", False) and max_log_std is None:
+    normalize = bool(cfg.algo.get("normalize_obs", False))
+    privileged = cfg.env.get("privileged_obs", False)
+    if not privileged and max_log_std is None and not normalize:
         return {"model_config": model_config}
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
-    from raylab.algorithms.modules import ACTOR_OBS_DIM, MAX_LOG_STD, MODULES
+    from raylab.algorithms.modules import ACTOR_OBS_DIM, MAX_LOG_STD, MODULES, NORMALIZE_OBS
 
-    privileged = cfg.env.get("privileged_obs", False)
     model_config[ACTOR_OBS_DIM] = actor_obs_dim(cfg) if privileged else None  # None: all
     model_config[MAX_LOG_STD] = max_log_std
+    model_config[NORMALIZE_OBS] = normalize
     return {
         "rl_module_spec": RLModuleSpec(
             module_class=MODULES[cfg.algo.name], model_config=model_config

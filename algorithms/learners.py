@@ -144,6 +144,14 @@ class _TimedLearnerMixin:
         self._grad_updates = getattr(self, "_grad_updates", 0) + 1
         self._updates_lifetime = getattr(self, "_updates_lifetime", 0) + 1
         self._record_batch_stats(module_id, batch, loss)
+        # algo.normalize_obs: this minibatch was normalised with the statistics it was sampled
+        # with; now they take it in (raylab.algorithms.modules.RunningObsNorm).
+        module = self.module[module_id]
+        norm = getattr(
+            module.unwrapped() if hasattr(module, "unwrapped") else module, "obs_norm", None
+        )
+        if norm is not None:
+            norm.update(batch[Columns.OBS], batch.get(Columns.LOSS_MASK))
         return loss
 
     def _record_batch_stats(self, module_id: str, batch: Dict[str, Any], loss) -> None:

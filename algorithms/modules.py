@@ -11,6 +11,14 @@ after the policy's observation; the critic's value estimates use it, the policy 
 a robot) never does. The hidden entries are zeroed before the policy's encoder, so its weights
 on them never receive a gradient and do not matter. RLlib builds this module everywhere its
 default one would be built (EnvRunners, Learners, checkpoints, ``raylab eval``).
+
+``algo.normalize_obs`` puts a :class:`RunningObsNorm` in front of both paths: observations are
+shifted and scaled by the running mean and std of every observation trained on, then clipped to
+[-10, 10]. The statistics are buffers of the module, so they travel with the weights: the
+EnvRunners act, the evaluation evaluates and a checkpoint restores with exactly the statistics
+of the weights they hold, and nothing else has to be synchronised. The Learner updates them
+from each train batch's valid steps (which come from every EnvRunner), after the loss of that
+minibatch, so a minibatch is always normalised as the policy saw it when it was computed.
 """
 
 from __future__ import annotations
@@ -28,6 +36,48 @@ from raylab.algorithms.rllib_compat import old_policy
 
 ACTOR_OBS_DIM = "actor_obs_dim"  # model_config keys
 MAX_LOG_STD = "max_log_std"
+NORMALIZE_OBS = "normalize_obs"
+OBS_CLIP = 10.0  # normalised observations are clipped to [-OBS_CLIP, OBS_CLIP]
+
+
+class RunningObsNorm(torch.nn.Module):
+    """Running mean and variance of observations (float64 buffers), and the normalisation
+    ``clip((obs - mean) / sqrt(var + eps), -OBS_CLIP, OBS_CLIP)``. Before any update it is the
+    identity up to the clip (mean 0, variance 1)."""
+
+    def __init__(self, dim: int, eps: float = 1e-8):
+        super().__init__()
+        self.eps = eps
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("mean", torch.zeros(dim, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(dim, dtype=torch.float64))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        # In float32 from float32 statistics: RLlib hands module state on (weight syncs,
+        # checkpoints) as float32, so a module that received them normalises exactly as the
+        # Learner's own does.
+        mean = self.mean.to(torch.float32)
+        std = torch.sqrt(self.var.to(torch.float32) + self.eps)
+        return torch.clamp((obs - mean) / std, -OBS_CLIP, OBS_CLIP).to(obs.dtype)
+
+    @torch.no_grad()
+    def update(self, obs: torch.Tensor, mask=None) -> None:
+        """Merge the statistics of ``obs`` (rows where ``mask`` is true) into the running ones
+        (Chan et al.'s parallel update: the result equals the statistics of all rows seen)."""
+        x = obs.reshape(-1, obs.shape[-1]).to(torch.float64)
+        if mask is not None:
+            x = x[mask.reshape(-1).bool()]
+        n = x.shape[0]
+        if n == 0:
+            return
+        batch_mean = x.mean(dim=0)
+        batch_var = x.var(dim=0, unbiased=False)
+        total = self.count + n
+        delta = batch_mean - self.mean
+        m2 = self.var * self.count + batch_var * n + delta * delta * self.count * n / total
+        self.mean += delta * n / total
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
 
 
 def bound_log_std(dist_inputs: torch.Tensor, max_log_std) -> torch.Tensor:
@@ -40,7 +90,22 @@ def bound_log_std(dist_inputs: torch.Tensor, max_log_std) -> torch.Tensor:
 
 
 class _Asymmetric:
-    """The policy path on the policy's entries, the value path on all of them."""
+    """The policy path on the policy's entries, the value path on all of them; both on the
+    normalised observation with ``normalize_obs``."""
+
+    def setup(self) -> None:
+        super().setup()
+        # (An nn.Module attribute, not a class one: a class attribute would shadow it.)
+        self.obs_norm = (
+            RunningObsNorm(int(self.observation_space.shape[-1]))
+            if self.model_config.get(NORMALIZE_OBS)
+            else None
+        )
+
+    def _normalized(self, batch: Dict[str, Any]) -> Dict[str, Any]:
+        if self.obs_norm is None:
+            return batch
+        return {**batch, Columns.OBS: self.obs_norm(batch[Columns.OBS])}
 
     def _actor_batch(self, batch: Dict[str, Any]) -> Dict[str, Any]:
         if self.model_config.get(ACTOR_OBS_DIM) is None:  # no privileged part
@@ -51,6 +116,7 @@ class _Asymmetric:
         return {**batch, Columns.OBS: torch.cat([obs[..., :k], hidden], dim=-1)}
 
     def _forward(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
+        batch = self._normalized(batch)
         actor = self.encoder.actor_encoder(self._actor_batch(batch))[ENCODER_OUT]
         return {Columns.ACTION_DIST_INPUTS: self._bounded(self.pi(actor))}
 
@@ -59,8 +125,13 @@ class _Asymmetric:
 
     def _forward_train(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
         out = self._forward(batch)
-        out[Columns.EMBEDDINGS] = self.encoder.critic_encoder(batch)[ENCODER_OUT]
+        out[Columns.EMBEDDINGS] = self.encoder.critic_encoder(self._normalized(batch))[ENCODER_OUT]
         return out
+
+    def compute_values(self, batch: Dict[str, Any], embeddings=None):
+        if embeddings is None:
+            batch = self._normalized(batch)
+        return super().compute_values(batch, embeddings)
 
 
 class AsymmetricPPOModule(_Asymmetric, DefaultPPOTorchRLModule):
@@ -71,7 +142,7 @@ class AsymmetricAPPOModule(_Asymmetric, DefaultAPPOTorchRLModule):
     def forward_target(self, batch: Dict[str, Any]) -> Dict[str, Any]:
         # APPO's old (target) policy sees what the policy sees.
         encoder, pi = old_policy(self)
-        old = encoder.actor_encoder(self._actor_batch(batch))[ENCODER_OUT]
+        old = encoder.actor_encoder(self._actor_batch(self._normalized(batch)))[ENCODER_OUT]
         return {TARGET_NETWORK_ACTION_DIST_INPUTS: self._bounded(pi(old))}
 
 

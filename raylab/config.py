@@ -157,6 +157,12 @@ class OnPolicyConfig(AlgoConfig):
         None,
         "soft upper bound of the policy's log std (max - softplus(max - raw)); null: unbounded",
     )
+    normalize_obs: bool = option(
+        False,
+        "normalise observations by their running mean and std (clipped to +-10) in front of the "
+        "policy and the value function; the statistics live in the module, so they travel with "
+        "its weights into EnvRunners, evaluation and checkpoints",
+    )
 
 
 @dataclass

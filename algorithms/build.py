@@ -338,5 +338,6 @@ def _sac(cfg: DictConfig):
     config.learning_starts = a.learning_starts
     config.torch_compile = a.torch_compile
     config.bf16_autocast = a.bf16_autocast
+    config.critic_loss = a.critic_loss
     config.learner_torch_threads = max(1, int(cfg.resources.num_cpus_per_learner))
     return config.env_runners(env_runner_cls=RaylabSACEnvRunner)

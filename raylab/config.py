@@ -221,6 +221,12 @@ class SACConfig(AlgoConfig):
     )
     torch_compile: bool = option(False, "torch.compile the fused update (GPU learners only)")
     bf16_autocast: bool = option(False, "bf16 autocast in the update (GPU learners only)")
+    critic_loss: str = option(
+        "huber",
+        "critic loss on the TD error: huber (delta 1, RLlib's SAC) or mse (the SAC papers', "
+        "CleanRL's)",
+        ("huber", "mse"),
+    )
 
 
 ALGOS: Dict[str, type] = {"ppo": PPOConfig, "appo": APPOConfig, "sac": SACConfig}

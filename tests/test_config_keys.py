@@ -21,7 +21,10 @@ RAYLAB_SIDE = {
     "algo.name": "set by --algo (it picks the config class)",
     "algo.algo_log_name": "the folder under logs/ (tests/test_metrics_rundir.py)",
 }
-CHOICES = {"algo.activation": {"tanh": "relu", "relu": "tanh", "silu": "tanh"}}
+CHOICES = {
+    "algo.activation": {"tanh": "relu", "relu": "tanh", "silu": "tanh"},
+    "algo.critic_loss": {"huber": "mse", "mse": "huber"},
+}
 
 
 def _another(key, value):

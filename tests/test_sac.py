@@ -294,3 +294,38 @@ def test_the_update_step_is_its_losses_then_one_optimizer_step():
         assert torch.equal(v, got[k]), k
     after = (*pi.parameters(), *qf.parameters(), log_alpha)
     assert all(not torch.equal(x, y) for x, y in zip(before, after))
+
+
+def test_critic_loss_is_huber_or_the_mean_squared_td_error():
+    """algo.critic_loss: huber (delta 1) or mse, both on each twin's TD error against the same
+    target; large TD errors tell them apart (Huber grows linearly beyond delta)."""
+    import copy
+
+    import torch
+
+    from raylab.algorithms.sac import update as U
+
+    torch.manual_seed(0)
+    pi, qf, qf2 = U.mlp(3, [16], 2), U.mlp(4, [16], 1), U.mlp(4, [16], 1)
+    parts = U.SACParts(pi, qf, qf2, copy.deepcopy(qf), copy.deepcopy(qf2), torch.zeros(1), [])
+    g = torch.Generator().manual_seed(1)
+    b = {
+        "obs": torch.randn(8, 3, generator=g),
+        "actions": torch.rand(8, 1, generator=g),
+        "rewards": 50.0 * torch.randn(8, generator=g),  # TD errors far beyond Huber's delta
+        "next_obs": torch.randn(8, 3, generator=g),
+        "terminateds": torch.ones(8),  # target = reward: no noise in it
+    }
+    q1, q2 = (q.detach() for q in U.q_pair(qf, qf2, b["obs"], b["actions"]))
+    target = b["rewards"]
+    losses = {}
+    for kind in U.CRITIC_LOSSES:
+        _, stats = U.sac_losses(parts, b, gamma=0.99, target_entropy=-1.0, critic_loss=kind)
+        losses[kind] = float(stats["critic"])
+    mse = float(((q1 - target) ** 2).mean() + ((q2 - target) ** 2).mean())
+    huber = float(
+        torch.nn.functional.huber_loss(q1, target) + torch.nn.functional.huber_loss(q2, target)
+    )
+    assert losses["mse"] == pytest.approx(mse, rel=1e-5)
+    assert losses["huber"] == pytest.approx(huber, rel=1e-5)
+    assert losses["mse"] > 10 * losses["huber"]

@@ -24,6 +24,7 @@ class RaylabSACConfig(SACConfig):
         self.learning_starts = 1000  # env steps (uniform random actions) before updates
         self.torch_compile = False  # GPU only
         self.bf16_autocast = False  # GPU only
+        self.critic_loss = "huber"  # or "mse" (raylab.algorithms.sac.update.CRITIC_LOSSES)
         self.learner_torch_threads = 1
         self.env_runner_cls = RaylabSACEnvRunner
         # One sample request in flight per EnvRunner; iterations end on time, not on a

@@ -270,6 +270,7 @@ class RaylabSACLearner(SACLearner, TorchLearner):
                 grad_clip=cfg.grad_clip,
                 bf16=cfg.bf16_autocast and self.device.type == "cuda",
                 all_reduce=self._all_reduce_grads if self._world > 1 else None,
+                critic_loss=cfg.critic_loss,
             )
         with torch.no_grad():  # accumulated on the device; read once per metrics pull
             for name, v in stats.items():

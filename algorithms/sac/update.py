@@ -77,12 +77,21 @@ class SACParts:
         ]
 
 
+CRITIC_LOSSES = ("huber", "mse")
+
+
 def sac_losses(
-    parts: SACParts, b: Dict[str, torch.Tensor], *, gamma: float, target_entropy: float
+    parts: SACParts,
+    b: Dict[str, torch.Tensor],
+    *,
+    gamma: float,
+    target_entropy: float,
+    critic_loss: str = "huber",
 ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
     """The SAC losses of batch ``b`` (keys obs, actions, rewards, next_obs, terminateds): their
     sum, whose one backward pass trains the critics, the actor and the temperature, and
-    detached statistics."""
+    detached statistics. ``critic_loss``: ``huber`` (delta 1, RLlib's SAC learner's) or ``mse``
+    (the mean squared TD error of the SAC papers and CleanRL)."""
     p = parts
     alpha = p.log_alpha.exp().detach()
     with torch.no_grad():
@@ -91,14 +100,17 @@ def sac_losses(
         next_v = torch.min(tq1, tq2) - alpha * next_logp
         target = b["rewards"] + gamma * (1.0 - b["terminateds"]) * next_v
     q1, q2 = q_pair(p.qf, p.qf_twin, b["obs"], b["actions"])
-    # Huber (delta 1) rather than MSE, as RLlib's SAC learner does: raylab's SAC is built to
-    # learn like stock RLlib SAC with the same hyperparameters, and does (Pendulum-v1,
+    # Huber (delta 1) learns like stock RLlib SAC with the same hyperparameters (Pendulum-v1,
     # return -250 after 4,020 env steps against RLlib's 4,200:
-    # benchmarks/results/sac_pendulum_sample_efficiency.json). MSE is not measured here.
-    huber = nn.functional.huber_loss
-    critic_loss = huber(q1.float(), target.float(), delta=1.0) + huber(
-        q2.float(), target.float(), delta=1.0
-    )
+    # benchmarks/results/sac_pendulum_sample_efficiency.json).
+    if critic_loss == "mse":
+        td = nn.functional.mse_loss
+        critic = td(q1.float(), target.float()) + td(q2.float(), target.float())
+    else:
+        huber = nn.functional.huber_loss
+        critic = huber(q1.float(), target.float(), delta=1.0) + huber(
+            q2.float(), target.float(), delta=1.0
+        )
     action, logp = squashed_gaussian_sample(policy_inputs(p.pi, b["obs"]))
     for param in p.critic_params:  # the actor's gradient must not reach the critics
         param.requires_grad_(False)
@@ -110,14 +122,14 @@ def sac_losses(
     actor_loss = (alpha * logp - q_pi).mean()
     alpha_loss = -(p.log_alpha * (logp.detach() + target_entropy)).mean()
     stats = {
-        "critic": critic_loss.detach(),
+        "critic": critic.detach(),
         "actor": actor_loss.detach(),
         "alpha": alpha_loss.detach(),
         "q_mean": q_pi.detach().mean(),
         "alpha_value": alpha[0],
         "logp": logp.detach().mean(),
     }
-    return critic_loss + actor_loss + alpha_loss, stats
+    return critic + actor_loss + alpha_loss, stats
 
 
 def sac_update(
@@ -130,6 +142,7 @@ def sac_update(
     grad_clip: Optional[float] = None,
     bf16: bool = False,
     all_reduce: Optional[Callable[[], None]] = None,
+    critic_loss: str = "huber",
 ) -> Dict[str, torch.Tensor]:
     """One fused SAC step on batch ``b``: :func:`sac_losses`, one backward pass, the optional
     gradient all-reduce and clip, the optimizer steps, the polyak target update. Returns the
@@ -141,7 +154,9 @@ def sac_update(
         else contextlib.nullcontext()
     )
     with autocast:
-        total, stats = sac_losses(p, b, gamma=gamma, target_entropy=target_entropy)
+        total, stats = sac_losses(
+            p, b, gamma=gamma, target_entropy=target_entropy, critic_loss=critic_loss
+        )
     for opt in p.optimizers:
         opt.zero_grad(set_to_none=True)
     total.backward()

@@ -176,7 +176,8 @@ def rl_module_options(cfg: DictConfig) -> Dict[str, Any]:
     """The RLModule: RLlib's default MLP one, or raylab's (PPO / APPO) where an option needs it:
     ``env.privileged_obs`` (the asymmetric actor-critic whose policy does not see the
     privileged part), ``algo.max_log_std`` (a bounded policy std) or ``algo.normalize_obs``
-    (running observation normalisation inside the module)."""
+    (running observation normalisation inside the module) or ``algo.scale_rewards`` (the return
+    statistics the reward scaling keeps in the module)."""
     model_config = {
         "fcnet_hiddens": list(cfg.algo.hidden),
         "fcnet_activation": cfg.algo.activation,
@@ -184,16 +185,24 @@ def rl_module_options(cfg: DictConfig) -> Dict[str, Any]:
     }
     max_log_std = cfg.algo.get("max_log_std")
     normalize = bool(cfg.algo.get("normalize_obs", False))
+    scale_rewards = bool(cfg.algo.get("scale_rewards", False))
     privileged = cfg.env.get("privileged_obs", False)
-    if not privileged and max_log_std is None and not normalize:
+    if not privileged and max_log_std is None and not normalize and not scale_rewards:
         return {"model_config": model_config}
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
-    from raylab.algorithms.modules import ACTOR_OBS_DIM, MAX_LOG_STD, MODULES, NORMALIZE_OBS
+    from raylab.algorithms.modules import (
+        ACTOR_OBS_DIM,
+        MAX_LOG_STD,
+        MODULES,
+        NORMALIZE_OBS,
+        SCALE_REWARDS,
+    )
 
     model_config[ACTOR_OBS_DIM] = actor_obs_dim(cfg) if privileged else None  # None: all
     model_config[MAX_LOG_STD] = max_log_std
     model_config[NORMALIZE_OBS] = normalize
+    model_config[SCALE_REWARDS] = scale_rewards
     return {
         "rl_module_spec": RLModuleSpec(
             module_class=MODULES[cfg.algo.name], model_config=model_config
@@ -244,6 +253,17 @@ def evaluation_options(cfg: DictConfig, runner_cls) -> Dict[str, Any]:
     )
 
 
+def reward_scaling(a: DictConfig):
+    """``algo.scale_rewards``: the learner connector piece that scales the rewards (placed in
+    front of RLlib's default learner pipeline), else None."""
+    if not a.scale_rewards:
+        return None
+    from raylab.algorithms.reward_scaling import ScaleRewardsByReturnStd
+
+    gamma = float(a.gamma)
+    return lambda *args, **kwargs: ScaleRewardsByReturnStd(gamma=gamma)
+
+
 def _ppo(cfg: DictConfig):
     from ray.rllib.algorithms.ppo import PPOConfig
 
@@ -268,6 +288,7 @@ def _ppo(cfg: DictConfig):
         train_batch_size_per_learner=a.train_batch_size,
         minibatch_size=a.minibatch_size,
         num_epochs=a.num_epochs,
+        learner_connector=reward_scaling(a),
     )
 
 
@@ -295,6 +316,7 @@ def _appo(cfg: DictConfig):
         circular_buffer_iterations_per_batch=a.circular_buffer_iterations_per_batch,
         target_network_update_freq=a.target_network_update_freq,
         broadcast_interval=a.broadcast_interval,
+        learner_connector=reward_scaling(a),
     )
     # Let the algorithm loop wait briefly for ready samples instead of spinning: on a small
     # machine a spinning driver takes a core from the EnvRunners and the Learner.

@@ -37,6 +37,7 @@ from raylab.algorithms.rllib_compat import old_policy
 ACTOR_OBS_DIM = "actor_obs_dim"  # model_config keys
 MAX_LOG_STD = "max_log_std"
 NORMALIZE_OBS = "normalize_obs"
+SCALE_REWARDS = "scale_rewards"
 OBS_CLIP = 10.0  # normalised observations are clipped to [-OBS_CLIP, OBS_CLIP]
 
 
@@ -101,6 +102,8 @@ class _Asymmetric:
             if self.model_config.get(NORMALIZE_OBS)
             else None
         )
+        # algo.scale_rewards: the discounted returns' statistics (raylab.algorithms.reward_scaling)
+        self.return_norm = RunningObsNorm(1) if self.model_config.get(SCALE_REWARDS) else None
 
     def _normalized(self, batch: Dict[str, Any]) -> Dict[str, Any]:
         if self.obs_norm is None:

@@ -157,6 +157,11 @@ class OnPolicyConfig(AlgoConfig):
         None,
         "soft upper bound of the policy's log std (max - softplus(max - raw)); null: unbounded",
     )
+    scale_rewards: bool = option(
+        False,
+        "divide the rewards the learner trains on by the running std of the discounted return "
+        "(reported returns stay the task's own)",
+    )
     normalize_obs: bool = option(
         False,
         "normalise observations by their running mean and std (clipped to +-10) in front of the "

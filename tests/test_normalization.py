@@ -1,6 +1,8 @@
 """algo.normalize_obs: running observation statistics inside the PPO / APPO module
 (algorithms/modules.py, RunningObsNorm), updated by the Learner, carried with the weights into
-the EnvRunners and the checkpoints, untouched by evaluation."""
+the EnvRunners and the checkpoints, untouched by evaluation. algo.scale_rewards: the learner
+trains on rewards divided by the running std of the discounted return
+(algorithms/reward_scaling.py); reported returns stay the task's."""
 
 from __future__ import annotations
 
@@ -119,3 +121,109 @@ def test_statistics_travel_with_the_weights_and_the_checkpoint(algo_name, tmp_pa
     np.testing.assert_array_equal(_actions(restored, obs), before)
     restored.obs_norm = None  # the same weights without the normalisation act otherwise
     assert not np.allclose(_actions(restored, obs), before)
+
+
+def _episode(rewards, terminated=False, id_=None):
+    from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+
+    n = len(rewards)
+    ep = SingleAgentEpisode(
+        id_=id_,
+        observations=[np.zeros(1, np.float32)] * (n + 1),
+        actions=[np.zeros(1, np.float32)] * n,
+        rewards=list(rewards),
+        terminated=terminated,
+        len_lookback_buffer=0,
+    )
+    return ep.to_numpy()
+
+
+def test_rewards_are_scaled_by_the_std_of_the_running_discounted_return():
+    """Chunks of one episode continue its discounted return; a new episode starts from 0; the
+    scale is that of every return seen so far, and the module keeps the statistics."""
+    from types import SimpleNamespace
+
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from raylab.algorithms.reward_scaling import ScaleRewardsByReturnStd
+
+    gamma = 0.9
+    module = SimpleNamespace(return_norm=RunningObsNorm(1))
+    piece = ScaleRewardsByReturnStd(gamma=gamma)
+    first = _episode([1.0, 2.0, 3.0], id_="a")  # its episode goes on in the next batch
+    other = _episode([5.0, -1.0], terminated=True, id_="b")
+    piece(rl_module={DEFAULT_MODULE_ID: module}, batch={}, episodes=[first, other])
+    rest = _episode([4.0, 0.5], terminated=True, id_="a")
+    fresh = _episode([2.0], id_="c")
+    piece(rl_module={DEFAULT_MODULE_ID: module}, batch={}, episodes=[rest, fresh])
+
+    def running(rs, g=0.0):
+        out = []
+        for r in rs:
+            g = gamma * g + r
+            out.append(g)
+        return out
+
+    a = running([1.0, 2.0, 3.0])
+    batch1 = a + running([5.0, -1.0])
+    batch2 = running([4.0, 0.5], a[-1]) + running([2.0])
+    std1 = np.sqrt(np.var(batch1) + 1e-8)
+    std2 = np.sqrt(np.var(batch1 + batch2) + 1e-8)
+    np.testing.assert_allclose(first.get_rewards(), np.array([1.0, 2.0, 3.0]) / std1, rtol=1e-6)
+    np.testing.assert_allclose(other.get_rewards(), np.array([5.0, -1.0]) / std1, rtol=1e-6)
+    np.testing.assert_allclose(rest.get_rewards(), np.array([4.0, 0.5]) / std2, rtol=1e-6)
+    np.testing.assert_allclose(fresh.get_rewards(), np.array([2.0]) / std2, rtol=1e-6)
+    assert module.return_norm.count.item() == 8
+    assert "a" not in piece._open and "b" not in piece._open and "c" in piece._open
+
+
+@pytest.mark.slow
+def test_ppo_learns_from_scaled_rewards_and_reports_the_tasks_returns(ray_in_process):
+    """A real PPO in this process with algo.scale_rewards: the Learner's value targets are on
+    the scaled rewards' scale (a few units, where Pendulum's returns are about -1,000), while
+    Train/mean_reward stays in the task's units."""
+    from raylab.algorithms.build import build_algorithm_config
+    from raylab.config import compose
+    from raylab.metrics import schema as S
+    from raylab.train import algorithm_class
+
+    overrides = [
+        "algo.scale_rewards=true",
+        "resources.num_env_runners=1",
+        "env.num_envs=4",
+        "algo.hidden=[32,32]",
+        "algo.train_batch_size=1024",
+        "algo.minibatch_size=256",
+        "algo.num_epochs=1",
+        "training.iteration_s=0",
+        "training.eval_every=0",
+        "training.eval_before_train=false",
+    ]
+    cfg = compose("ppo", "Pendulum-v1", "mujoco", overrides)
+    algo = algorithm_class("ppo")(config=build_algorithm_config(cfg))
+    try:
+        for _ in range(4):
+            result = algo.train()
+        ((count, std),) = _on_learners(
+            algo,
+            lambda lr: (
+                lr.module["default_policy"].return_norm.count.item(),
+                float(lr.module["default_policy"].return_norm.var[0].sqrt()),
+            ),
+        )
+        value_target = result[S.TRAIN_MEAN_REWARD], _learner_stat(result, "value_target")
+    finally:
+        algo.stop()
+    assert count >= 4 * 1024
+    assert std > 10.0  # Pendulum's discounted returns spread over tens to hundreds
+    train_return, target = value_target
+    assert train_return < -300.0  # the task's own units (an untrained policy)
+    assert target is not None and abs(target) < 50.0, target
+
+
+def _learner_stat(result, name):
+    """A learner statistic as the run reports it (Policy/<name>, raylab's canonical tag)."""
+    from raylab.metrics import schema as S
+    from raylab.reporting import canonical_metrics
+
+    return canonical_metrics(result).get(S.policy_tag(name))

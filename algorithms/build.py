@@ -253,6 +253,15 @@ def evaluation_options(cfg: DictConfig, runner_cls) -> Dict[str, Any]:
     )
 
 
+def learning_rate(cfg: DictConfig):
+    """``algo.lr``, or with ``algo.lr_schedule=linear`` RLlib's piecewise-linear schedule from
+    it down to 0 at ``training.total_steps`` (env steps sampled)."""
+    a = cfg.algo
+    if a.lr_schedule == "linear":
+        return [[0, float(a.lr)], [int(cfg.training.total_steps), 0.0]]
+    return a.lr
+
+
 def reward_scaling(a: DictConfig):
     """``algo.scale_rewards``: the learner connector piece that scales the rewards (placed in
     front of RLlib's default learner pipeline), else None."""
@@ -272,9 +281,11 @@ def _ppo(cfg: DictConfig):
     a = cfg.algo
     from raylab.algorithms.algorithm import RaylabPPO
 
-    config = PPOConfig(algo_class=RaylabPPO).learners(learner_class=RaylabPPOLearner)
+    config = PPOConfig(algo_class=RaylabPPO).learners(
+        learner_class=RaylabPPOLearner, learner_connector=reward_scaling(a)
+    )
     return config.training(
-        lr=a.lr,
+        lr=learning_rate(cfg),
         gamma=a.gamma,
         lambda_=a.lambda_,
         clip_param=a.clip_param,
@@ -288,7 +299,6 @@ def _ppo(cfg: DictConfig):
         train_batch_size_per_learner=a.train_batch_size,
         minibatch_size=a.minibatch_size,
         num_epochs=a.num_epochs,
-        learner_connector=reward_scaling(a),
     )
 
 
@@ -300,9 +310,11 @@ def _appo(cfg: DictConfig):
     a = cfg.algo
     from raylab.algorithms.algorithm import RaylabAPPO
 
-    config = APPOConfig(algo_class=RaylabAPPO).learners(learner_class=RaylabAPPOLearner)
+    config = APPOConfig(algo_class=RaylabAPPO).learners(
+        learner_class=RaylabAPPOLearner, learner_connector=reward_scaling(a)
+    )
     config.training(
-        lr=a.lr,
+        lr=learning_rate(cfg),
         gamma=a.gamma,
         vtrace=a.vtrace,
         clip_param=a.clip_param,
@@ -316,7 +328,6 @@ def _appo(cfg: DictConfig):
         circular_buffer_iterations_per_batch=a.circular_buffer_iterations_per_batch,
         target_network_update_freq=a.target_network_update_freq,
         broadcast_interval=a.broadcast_interval,
-        learner_connector=reward_scaling(a),
     )
     # Let the algorithm loop wait briefly for ready samples instead of spinning: on a small
     # machine a spinning driver takes a core from the EnvRunners and the Learner.

@@ -147,6 +147,11 @@ class OnPolicyConfig(AlgoConfig):
     a state-independent log std. (SAC has its own three learning rates and a squashed policy.)"""
 
     lr: float = option(3e-4, "learning rate")
+    lr_schedule: str = option(
+        "constant",
+        "constant, or linear: from lr down to 0 at training.total_steps env steps",
+        ("constant", "linear"),
+    )
     init_log_std: float = option(
         -1.0, "initial log std of the Gaussian policy (continuous actions)"
     )

@@ -24,6 +24,7 @@ RAYLAB_SIDE = {
 CHOICES = {
     "algo.activation": {"tanh": "relu", "relu": "tanh", "silu": "tanh"},
     "algo.critic_loss": {"huber": "mse", "mse": "huber"},
+    "algo.lr_schedule": {"constant": "linear", "linear": "constant"},
 }
 
 

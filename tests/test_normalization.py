@@ -181,14 +181,19 @@ def test_rewards_are_scaled_by_the_std_of_the_running_discounted_return():
 def test_ppo_learns_from_scaled_rewards_and_reports_the_tasks_returns(ray_in_process):
     """A real PPO in this process with algo.scale_rewards: the Learner's value targets are on
     the scaled rewards' scale (a few units, where Pendulum's returns are about -1,000), while
-    Train/mean_reward stays in the task's units."""
+    Train/mean_reward stays in the task's units. The same run has algo.lr_schedule=linear: its
+    optimizer's learning rate has come down with the env steps sampled."""
     from raylab.algorithms.build import build_algorithm_config
     from raylab.config import compose
     from raylab.metrics import schema as S
+    from raylab.reporting import env_steps
     from raylab.train import algorithm_class
 
     overrides = [
         "algo.scale_rewards=true",
+        "algo.lr_schedule=linear",
+        "algo.lr=0.001",
+        "training.total_steps=8192",
         "resources.num_env_runners=1",
         "env.num_envs=4",
         "algo.hidden=[32,32]",
@@ -204,17 +209,22 @@ def test_ppo_learns_from_scaled_rewards_and_reports_the_tasks_returns(ray_in_pro
     try:
         for _ in range(4):
             result = algo.train()
-        ((count, std),) = _on_learners(
+        ((count, std, lr_now),) = _on_learners(
             algo,
             lambda lr: (
                 lr.module["default_policy"].return_norm.count.item(),
                 float(lr.module["default_policy"].return_norm.var[0].sqrt()),
+                lr.get_optimizers_for_module("default_policy")[0][1].param_groups[0]["lr"],
             ),
         )
+        sampled = env_steps(result)
         value_target = result[S.TRAIN_MEAN_REWARD], _learner_stat(result, "value_target")
     finally:
         algo.stop()
     assert count >= 4 * 1024
+    # lr goes linearly from 1e-3 to 0 at 8,192 env steps (RLlib sets it after each update).
+    assert 4096 <= sampled < 8192
+    assert 0.0 < lr_now < 0.001 * (1 - 3000 / 8192), (lr_now, sampled)
     assert std > 10.0  # Pendulum's discounted returns spread over tens to hundreds
     train_return, target = value_target
     assert train_return < -300.0  # the task's own units (an untrained policy)

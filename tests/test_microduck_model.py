@@ -179,7 +179,7 @@ def test_survival_counts_neither_a_duck_lying_down_nor_one_sitting():
     assert is_fallen(0.04, 0.1)  # lying on the floor
     assert is_fallen(np.array([0.12, 0.05]), np.array([1.0, 1.0])).tolist() == [False, True]
     # A shoved duck at rest on the floor is fallen in both envs' info, although its trunk rests
-    # above the 4 cm that used to count as survival.
+    # above 4 cm.
     opts = dict(num_pushes=1, push_vel_min=1.2, push_vel_max=1.2, episode_steps=150)
     ref = MicroduckBalanceEnv(**opts)
     vec = MicroduckBalanceVecEnv(num_envs=1, num_threads=1, info_mode="full", **opts)

@@ -234,6 +234,11 @@ class SweepProgress:
         print(", ".join(p for p in parts if p), file=sys.stderr, flush=True)
 
 
+def _cell(value: Any) -> str:
+    """A sampled value in the table: floats to 4 significant digits."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
 def _fmt(tag: str, value: Any) -> Optional[str]:
     if isinstance(value, (int, float)) and math.isfinite(value):
         return f"{tag} {value:.1f}"
@@ -403,11 +408,12 @@ def write_summary(spec: SweepSpec, sweep_dir: Path, results) -> Dict[str, Any]:
             value = (summary.get("best_eval") or {}).get("score")
         else:
             value = (summary.get("final_metrics") or {}).get(spec.metric)
-        sampled = (
-            {k: OmegaConf.select(OmegaConf.create(config), k) for k in spec.search}
-            if config
-            else {}
-        )
+        sampled = {}
+        if config:
+            tree = OmegaConf.create(config)
+            for k in spec.search:  # a list value (algo.hidden) as a plain list
+                v = OmegaConf.select(tree, k)
+                sampled[k] = OmegaConf.to_container(v) if OmegaConf.is_config(v) else v
         rows.append(
             {
                 "trial_id": trial_dir.name,
@@ -498,7 +504,7 @@ def print_table(table: Dict[str, Any], spec: SweepSpec) -> None:
             r["status"],
             f"{r['env_steps'] or 0:,}",
             metric,
-            *[str(r["config"].get(k)) for k in spec.search],
+            *[_cell(r["config"].get(k)) for k in spec.search],
         )
     console = Console()
     if not console.is_terminal:

@@ -250,8 +250,9 @@ def golden(tmp_path_factory, ray_head):
 # cores well. Each worker has its own session fixtures (its own shared head, its own in-process
 # Ray), so a module goes to one worker whole (its module fixtures run once) and the modules
 # that read the golden runs go to the same worker (each golden run trains once): the scheduler
-# below. (xdist's own `--dist loadgroup` does not group under pytest 9.) A test whose result depends on having the machine to itself (a learning
-# run on a wall-clock budget) is marked `alone`; `make test` runs those afterwards.
+# below. (xdist's own `--dist loadgroup` does not group under pytest 9.) A test whose result
+# depends on having the machine to itself (a learning run on a wall-clock budget) is marked
+# `alone`; `make test` runs those afterwards.
 GOLDEN_READERS = ("test_train.py", "test_trace.py")
 # The modules' own time on two workers (seconds, 2026-12-03): the heaviest start first, so that
 # no long module is left to start last while the other worker idles. Only the order depends on

@@ -106,7 +106,6 @@ def test_two_trial_sweep_end_to_end(tmp_path, idle_head):
         overrides=[
             "env.num_envs=4",
             "algo.train_batch_size=256",
-            "algo.hidden=[32,32]",
             "resources.dashboard=false",
             "training.checkpoint_every=2",
             "training.eval_every=2",
@@ -114,7 +113,12 @@ def test_two_trial_sweep_end_to_end(tmp_path, idle_head):
             "training.eval_before_train=false",
         ],
         # a second, long key: the printed table must hold every column name in full
-        search={"algo.lr": {"grid": [3e-4, 1e-3]}, "algo.entropy_coeff": {"choice": [0.0]}},
+        # and a list-valued key (the summary holds it as a list)
+        search={
+            "algo.lr": {"grid": [3e-4, 1e-3]},
+            "algo.entropy_coeff": {"choice": [0.0]},
+            "algo.hidden": {"choice": [[32, 32]]},
+        },
         scheduler={"type": "fifo", "metric": S.EVAL_MEAN_REWARD},
         num_samples=1,
         max_concurrent_trials=1,
@@ -138,6 +142,7 @@ def test_two_trial_sweep_end_to_end(tmp_path, idle_head):
         assert t["checkpoint"] == summary["best_eval"]["checkpoint"]
         config = json.loads((run_dir / "run_config.json").read_text())
         assert config["algo"]["lr"] == t["config"]["algo.lr"]
+        assert t["config"]["algo.hidden"] == config["algo"]["hidden"] == [32, 32]
         assert all(S.is_canonical(tag) for tag in extract(run_dir).tags)
     assert (sweep_dir / "sweep_summary.csv").read_text().count("\n") == 3
     # Progress on stderr: each trial's start with its sampled values, a line per evaluation.

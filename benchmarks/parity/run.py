@@ -23,6 +23,7 @@ the accuracy they were read with). The reference figures and their source:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shlex
 import statistics
@@ -197,7 +198,9 @@ def _plot(algo: str, task: str, overrides: tuple, runs: List[dict], ref: dict) -
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    suffix = "" if not overrides else "_" + str(abs(hash(overrides)) % 10**6)
+    suffix = (
+        "" if not overrides else "_" + hashlib.sha1(" ".join(overrides).encode()).hexdigest()[:6]
+    )
     fig.savefig(RESULTS / f"{algo}_{task}{suffix}.png", dpi=80)
     plt.close(fig)
 

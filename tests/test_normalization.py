@@ -46,20 +46,23 @@ def _actions(module, obs):
         ].numpy()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("algo_name", ["ppo", "appo"])
-def test_statistics_travel_with_the_weights_and_the_checkpoint(algo_name, tmp_path, ray_in_process):
-    """A real Algorithm in this process (the test process's Ray): after training, the
-    EnvRunner's module holds the Learner's statistics, an evaluation leaves them as they are,
-    and the policy restored from a checkpoint (as `raylab eval` loads it) acts exactly as the
-    trained one, which differs from the same weights without the normalisation."""
+def _train(algo_name: str, path):
+    """One real Algorithm in this process (the test process's Ray) with all three options on:
+    observation normalisation, reward scaling and the linear learning-rate schedule (to 0 at
+    8,192 env steps). Trained until its Learner has taken in at least 4,096 observations, then
+    its statistics are read on the Learner and (after a sync) on the EnvRunner, once more after
+    an evaluation, and it is checkpointed. One run serves every test of its algorithm below."""
     from raylab.algorithms.build import build_algorithm_config
     from raylab.config import compose
-    from raylab.evaluate import load_policy
+    from raylab.reporting import env_steps
     from raylab.train import algorithm_class
 
     overrides = [
         "algo.normalize_obs=true",
+        "algo.scale_rewards=true",
+        "algo.lr_schedule=linear",
+        "algo.lr=0.001",
+        "training.total_steps=8192",
         "resources.num_env_runners=1",
         "env.num_envs=4",
         "algo.hidden=[32,32]",
@@ -69,58 +72,118 @@ def test_statistics_travel_with_the_weights_and_the_checkpoint(algo_name, tmp_pa
         "training.eval_before_train=false",
     ]
     if algo_name == "ppo":
-        overrides += ["algo.train_batch_size=512", "algo.minibatch_size=128", "algo.num_epochs=2"]
+        overrides += ["algo.train_batch_size=1024", "algo.minibatch_size=256", "algo.num_epochs=1"]
     else:
         overrides += ["algo.train_batch_size=256"]
     cfg = compose(algo_name, "Pendulum-v1", "mujoco", overrides)
     algo = algorithm_class(algo_name)(config=build_algorithm_config(cfg))
+
+    def stats(module):
+        n = module.obs_norm
+        return n.count.item(), n.mean.numpy().copy(), n.var.numpy().copy()
+
+    def learner_state(lr):
+        module = lr.module["default_policy"]
+        optimizer = lr.get_optimizers_for_module("default_policy")[0][1]
+        return {
+            "obs": stats(module),
+            "returns": (module.return_norm.count.item(), float(module.return_norm.var[0].sqrt())),
+            "lr": optimizer.param_groups[0]["lr"],
+        }
+
+    out = {}
     try:
-        for _ in range(40):
-            algo.train()
-            (seen,) = _on_learners(
-                algo, lambda lr: lr.module["default_policy"].obs_norm.count.item()
-            )
-            if seen >= 2048:
+        for _ in range(60):
+            result = algo.train()
+            (learner,) = _on_learners(algo, learner_state)
+            if learner["obs"][0] >= 4096:
                 break
-
-        def stats(module):
-            n = module.obs_norm
-            return n.count.item(), n.mean.numpy().copy(), n.var.numpy().copy()
-
-        ((count, mean, var),) = _on_learners(algo, lambda lr: stats(lr.module["default_policy"]))
-        assert count >= 2048
-        # Pendulum's observation: cos, sin (in [-1, 1]) and the angular velocity (in [-8, 8]).
-        assert np.all(np.abs(mean[:2]) <= 1.0) and var[2] > var[0] and var[2] > 0.1
-        # The weights and the statistics the EnvRunners act with are the Learner's own (RLlib
-        # hands module state on as float32; the normalisation computes in float32).
+        out["result"], out["learner"], out["sampled"] = result, learner, env_steps(result)
         algo.env_runner_group.sync_weights(from_worker_or_learner_group=algo.learner_group)
-        (runner,) = algo.env_runner_group.foreach_env_runner(
+        (out["runner"],) = algo.env_runner_group.foreach_env_runner(
             lambda r: stats(r.module), local_env_runner=False
         )
-        assert runner[0] == count
-        np.testing.assert_array_equal(runner[1], mean.astype(np.float32))
-        np.testing.assert_array_equal(runner[2], var.astype(np.float32))
-        # Evaluation only reads them.
-        algo.evaluate()
-        (after,) = algo.env_runner_group.foreach_env_runner(
+        algo.evaluate()  # it only reads the statistics
+        (out["runner_after_eval"],) = algo.env_runner_group.foreach_env_runner(
             lambda r: stats(r.module), local_env_runner=False
         )
-        assert after[0] == count
-
-        path = algo.save_to_path(str(tmp_path / "ckpt"))
+        out["checkpoint"] = algo.save_to_path(str(path / "ckpt"))
         obs = np.random.default_rng(1).normal([0, 0, 0], [1, 1, 6], size=(16, 3))
-        obs = obs.astype(np.float32)
-        trained = algo.get_module("default_policy")
-        before = _actions(trained, obs)
+        out["obs"] = obs.astype(np.float32)
+        out["actions"] = _actions(algo.get_module("default_policy"), out["obs"])
     finally:
         algo.stop()
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, _in_process_ray):
+    runs = {}
+
+    def get(algo_name: str):
+        if algo_name not in runs:
+            _in_process_ray.ensure()  # the test process's Ray (conftest.py)
+            runs[algo_name] = _train(algo_name, tmp_path_factory.mktemp(algo_name))
+        return runs[algo_name]
+
+    return get
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo_name", ["ppo", "appo"])
+def test_statistics_travel_with_the_weights_and_the_checkpoint(algo_name, trained):
+    """After training, the EnvRunner's module holds the Learner's statistics, an evaluation
+    leaves them as they are, and the policy restored from a checkpoint (as `raylab eval` loads
+    it) acts exactly as the trained one, which differs from the same weights without the
+    normalisation."""
     from pathlib import Path
 
-    restored = load_policy(Path(path))
+    from raylab.evaluate import load_policy
+
+    run = trained(algo_name)
+    count, mean, var = run["learner"]["obs"]
+    assert count >= 4096
+    # Pendulum's observation: cos, sin (in [-1, 1]) and the angular velocity (in [-8, 8]).
+    assert np.all(np.abs(mean[:2]) <= 1.0) and var[2] > var[0] and var[2] > 0.1
+    # The statistics the EnvRunners act with are the Learner's own (RLlib hands module state
+    # on as float32; the normalisation computes in float32).
+    runner = run["runner"]
+    assert runner[0] == count
+    np.testing.assert_array_equal(runner[1], mean.astype(np.float32))
+    np.testing.assert_array_equal(runner[2], var.astype(np.float32))
+    assert run["runner_after_eval"][0] == count
+    np.testing.assert_array_equal(run["runner_after_eval"][1], runner[1])
+
+    restored = load_policy(Path(run["checkpoint"]))
     assert restored.obs_norm.count.item() == count
-    np.testing.assert_array_equal(_actions(restored, obs), before)
+    np.testing.assert_array_equal(_actions(restored, run["obs"]), run["actions"])
     restored.obs_norm = None  # the same weights without the normalisation act otherwise
-    assert not np.allclose(_actions(restored, obs), before)
+    assert not np.allclose(_actions(restored, run["obs"]), run["actions"])
+
+
+@pytest.mark.slow
+def test_ppo_learns_from_scaled_rewards_and_reports_the_tasks_returns(trained):
+    """With algo.scale_rewards the Learner's value targets are on the scaled rewards' scale (a
+    few units, where Pendulum's returns are about -1,000), while Train/mean_reward stays in the
+    task's units."""
+    from raylab.metrics import schema as S
+
+    run = trained("ppo")
+    count, std = run["learner"]["returns"]
+    assert count >= 4096
+    assert std > 10.0  # Pendulum's discounted returns spread over tens to hundreds
+    assert run["result"][S.TRAIN_MEAN_REWARD] < -300.0  # the task's own units (untrained)
+    target = _learner_stat(run["result"], "value_target")
+    assert target is not None and abs(target) < 50.0, target
+
+
+@pytest.mark.slow
+def test_linear_lr_schedule_brings_the_learning_rate_down_with_the_env_steps(trained):
+    """algo.lr_schedule=linear: from 1e-3 to 0 at 8,192 env steps sampled (RLlib sets the
+    optimizer's rate after each update)."""
+    run = trained("ppo")
+    assert 4096 <= run["sampled"] < 8192
+    assert 0.0 < run["learner"]["lr"] < 0.001 * (1 - 3000 / 8192), run["learner"]["lr"]
 
 
 def _episode(rewards, terminated=False, id_=None):
@@ -175,60 +238,6 @@ def test_rewards_are_scaled_by_the_std_of_the_running_discounted_return():
     np.testing.assert_allclose(fresh.get_rewards(), np.array([2.0]) / std2, rtol=1e-6)
     assert module.return_norm.count.item() == 8
     assert "a" not in piece._open and "b" not in piece._open and "c" in piece._open
-
-
-@pytest.mark.slow
-def test_ppo_learns_from_scaled_rewards_and_reports_the_tasks_returns(ray_in_process):
-    """A real PPO in this process with algo.scale_rewards: the Learner's value targets are on
-    the scaled rewards' scale (a few units, where Pendulum's returns are about -1,000), while
-    Train/mean_reward stays in the task's units. The same run has algo.lr_schedule=linear: its
-    optimizer's learning rate has come down with the env steps sampled."""
-    from raylab.algorithms.build import build_algorithm_config
-    from raylab.config import compose
-    from raylab.metrics import schema as S
-    from raylab.reporting import env_steps
-    from raylab.train import algorithm_class
-
-    overrides = [
-        "algo.scale_rewards=true",
-        "algo.lr_schedule=linear",
-        "algo.lr=0.001",
-        "training.total_steps=8192",
-        "resources.num_env_runners=1",
-        "env.num_envs=4",
-        "algo.hidden=[32,32]",
-        "algo.train_batch_size=1024",
-        "algo.minibatch_size=256",
-        "algo.num_epochs=1",
-        "training.iteration_s=0",
-        "training.eval_every=0",
-        "training.eval_before_train=false",
-    ]
-    cfg = compose("ppo", "Pendulum-v1", "mujoco", overrides)
-    algo = algorithm_class("ppo")(config=build_algorithm_config(cfg))
-    try:
-        for _ in range(4):
-            result = algo.train()
-        ((count, std, lr_now),) = _on_learners(
-            algo,
-            lambda lr: (
-                lr.module["default_policy"].return_norm.count.item(),
-                float(lr.module["default_policy"].return_norm.var[0].sqrt()),
-                lr.get_optimizers_for_module("default_policy")[0][1].param_groups[0]["lr"],
-            ),
-        )
-        sampled = env_steps(result)
-        value_target = result[S.TRAIN_MEAN_REWARD], _learner_stat(result, "value_target")
-    finally:
-        algo.stop()
-    assert count >= 4 * 1024
-    # lr goes linearly from 1e-3 to 0 at 8,192 env steps (RLlib sets it after each update).
-    assert 4096 <= sampled < 8192
-    assert 0.0 < lr_now < 0.001 * (1 - 3000 / 8192), (lr_now, sampled)
-    assert std > 10.0  # Pendulum's discounted returns spread over tens to hundreds
-    train_return, target = value_target
-    assert train_return < -300.0  # the task's own units (an untrained policy)
-    assert target is not None and abs(target) < 50.0, target
 
 
 def _learner_stat(result, name):

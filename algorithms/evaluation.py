@@ -17,17 +17,23 @@ track-error tool (all in :mod:`raylab.evaluate`) run their episodes with
 - joystick tasks also report tracking errors, |cmd_xy - v_xy| (m/s) and |cmd_yaw - yaw rate|
   (rad/s), averaged over the steps with a non-zero command (``_moving``), over all steps, and
   (linear) over the zero-command steps (``_still``); ``command_speed`` is the mean |cmd_xy| of
-  the moving steps, the linear error of standing still there.
+  the moving steps, the linear error of standing still there;
+- tasks that push the robot on a schedule (Microduck balance: ``info["episode_params"]`` of the
+  reset names each push's step and velocity) also report the push table: per push speed (bins
+  of ``PUSH_BIN`` m/s), the pushes that hit a standing robot and how many of them felled it;
+  an episode's first fall is blamed on the last push before it (one that fell unpushed counts
+  in ``fell_unpushed``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
 # Envs stepped at once by an evaluation (fewer when it runs fewer episodes).
 MAX_EVAL_ENVS = 100
+PUSH_BIN = 0.05  # m/s: the push table's bin width
 
 Policy = Callable[[np.ndarray], np.ndarray]  # (N, obs) float32 -> (N, action) in env units
 
@@ -118,9 +124,14 @@ def run_policy_episodes(policy: Policy, env, episodes: int, seed: int) -> Dict[s
     has_fallen = tracks = False
     err = {k: 0.0 for k in ("lin", "yaw", "lin_m", "yaw_m", "lin_s", "speed")}
     n_all = n_moving = 0
+    pushes: List[tuple] = []  # (speed, felled) of each push that hit a standing robot
+    fell_unpushed, pushed_task = 0, False
     for first in range(0, episodes, n):
         m = min(n, episodes - first)
-        obs, _ = env.reset(seed=seed + first)
+        obs, reset_info = env.reset(seed=seed + first)
+        schedules = _push_schedules(reset_info, m)
+        pushed_task |= schedules is not None
+        first_fall = np.full(n, -1, dtype=np.int64)  # steps taken when the robot was first down
         running = np.zeros(n, dtype=bool)
         running[:m] = True
         ret, length = np.zeros(n), np.zeros(n, dtype=np.int64)
@@ -132,7 +143,10 @@ def run_policy_episodes(policy: Policy, env, episodes: int, seed: int) -> Dict[s
             length[r] += 1
             if "fallen" in info:
                 has_fallen = True
-                alive[r] += ~np.asarray(info["fallen"], dtype=bool)[r]
+                down = np.asarray(info["fallen"], dtype=bool)
+                alive[r] += ~down[r]
+                new = r & down & (first_fall < 0)
+                first_fall[new] = length[new]
             if "command" in info:
                 tracks = True
                 cmd = np.asarray(info["command"])[r]
@@ -149,6 +163,14 @@ def run_policy_episodes(policy: Policy, env, episodes: int, seed: int) -> Dict[s
                 n_moving += int(moving.sum())
             terminated |= r & np.asarray(term, dtype=bool)
             running &= ~(np.asarray(term, dtype=bool) | np.asarray(trunc, dtype=bool))
+        if schedules is not None:
+            for i, (steps, speeds) in enumerate(schedules):
+                fell = int(first_fall[i])
+                # A push at step s lands before the physics of step s + 1 (s steps taken).
+                hit = [(s, v) for s, v in zip(steps, speeds) if fell < 0 or s < fell]
+                blamed = max(hit)[0] if fell >= 0 and hit else None
+                fell_unpushed += int(fell >= 0 and not hit)
+                pushes += [(v, s == blamed) for s, v in hit]
         returns += ret[:m].tolist()
         lengths += length[:m].tolist()
         survival += [0.0 if terminated[i] else alive[i] / length[i] for i in range(m)]
@@ -163,6 +185,9 @@ def run_policy_episodes(policy: Policy, env, episodes: int, seed: int) -> Dict[s
         "survival": float(np.mean(survival)) if has_fallen else None,
         "survivals": [float(x) for x in survival] if has_fallen else None,
     }
+    if pushed_task:
+        out["push_table"] = push_table(pushes)
+        out["fell_unpushed"] = fell_unpushed
     if tracks:
 
         def mean(total: float, count: int) -> Optional[float]:
@@ -177,3 +202,36 @@ def run_policy_episodes(policy: Policy, env, episodes: int, seed: int) -> Dict[s
             command_speed=mean(err["speed"], n_moving),
         )
     return out
+
+
+def _push_schedules(reset_info: Dict[str, Any], m: int):
+    """[(push steps, push speeds)] of the first ``m`` envs from a reset's full info, or None
+    for a task without scheduled pushes."""
+    params = reset_info.get("episode_params") if isinstance(reset_info, dict) else None
+    if params is None or not hasattr(params[0], "push_steps"):
+        return None
+    return [
+        (
+            [int(s) for s in params[i].push_steps],
+            [float(v) for v in np.linalg.norm(np.asarray(params[i].push_vel), axis=1)],
+        )
+        for i in range(m)
+    ]
+
+
+def push_table(pushes) -> List[Dict[str, Any]]:
+    """Rows ``{"speed": [low, high], "pushes": n, "felled": k}`` of the pushes that hit a
+    standing robot, binned by speed (``PUSH_BIN``)."""
+    rows: Dict[int, List[int]] = {}
+    for speed, felled in pushes:
+        row = rows.setdefault(int(np.floor(speed / PUSH_BIN + 1e-9)), [0, 0])
+        row[0] += 1
+        row[1] += int(felled)
+    return [
+        {
+            "speed": [round(b * PUSH_BIN, 3), round((b + 1) * PUSH_BIN, 3)],
+            "pushes": n,
+            "felled": k,
+        }
+        for b, (n, k) in sorted(rows.items())
+    ]

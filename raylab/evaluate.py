@@ -78,6 +78,19 @@ def eval_line(stats: Dict[str, Any]) -> str:
     return text
 
 
+def push_line(stats: Dict[str, Any]) -> str:
+    """The push table in one line: per push speed, the pushes that felled the robot."""
+    cells = [
+        f"{r['speed'][0]:.2f}-{r['speed'][1]:.2f} {r['felled']}/{r['pushes']}"
+        for r in stats["push_table"]
+    ]
+    return (
+        "felled by pushes of (m/s): "
+        + ", ".join(cells)
+        + f"; fell unpushed: {stats.get('fell_unpushed', 0)}"
+    )
+
+
 # ---------------------------------------------------------------------------------- baselines
 
 
@@ -369,6 +382,8 @@ def evaluate(
         _upload_video(cfg, run, video_path)
     (run / "eval.json").write_text(json.dumps(stats, indent=2))
     print(eval_line(stats))
+    if stats.get("push_table"):
+        print(push_line(stats))
     print(
         f"raylab: wrote {run / 'eval.json'}" + (f" and {video_path}" if video else ""),
         file=sys.stderr,

@@ -706,3 +706,44 @@ def test_obs_history_holds_the_previous_observations_newest_first(mode):
             seen.append(now[i])
         assert np.array_equal(priv[:, 3], vec.trunk_height.astype(np.float32))
     vec.close()
+
+
+def test_the_push_table_blames_each_first_fall_on_the_last_push_before_it():
+    """run_policy_episodes' push table, checked against the episodes themselves: replayed one
+    at a time in a batched env, each episode's first fall and its pushes (from the reset's
+    episode_params) give the same counts per speed bin."""
+    from raylab.algorithms.evaluation import (
+        PUSH_BIN,
+        eval_vec_env,
+        hold_pose_policy,
+        run_policy_episodes,
+    )
+
+    episodes, seed = 12, 1000
+    env = eval_vec_env(GYM_ID, {"num_threads": 1}, 6, True)
+    stats = run_policy_episodes(hold_pose_policy(env.single_action_space), env, episodes, seed)
+    env.close()
+    expected, unpushed = {}, 0
+    one = eval_vec_env(GYM_ID, {"num_threads": 1}, 1, True)
+    for k in range(episodes):
+        _, info = one.reset(seed=seed + k)
+        p = info["episode_params"][0]
+        fell, t, done = -1, 0, False
+        while not done:
+            _, _, term, trunc, info = one.step(np.zeros((1, 14)))
+            t += 1
+            if fell < 0 and info["fallen"][0]:
+                fell = t
+            done = bool(term[0] or trunc[0])
+        hit = [(int(s), float(np.hypot(*v))) for s, v in zip(p.push_steps, p.push_vel)]
+        hit = [(s, v) for s, v in hit if fell < 0 or s < fell]
+        unpushed += int(fell >= 0 and not hit)
+        for s, v in hit:
+            row = expected.setdefault(int(np.floor(v / PUSH_BIN + 1e-9)), [0, 0])
+            row[0] += 1
+            row[1] += int(fell >= 0 and s == max(hit)[0])
+    one.close()
+    got = {round(r["speed"][0] / PUSH_BIN): [r["pushes"], r["felled"]] for r in stats["push_table"]}
+    assert got == expected and stats["fell_unpushed"] == unpushed
+    assert sum(n for n, _ in got.values()) >= episodes  # every episode pushed before a fall
+    assert sum(k for _, k in got.values()) > 0  # holding the pose, some pushes fell the duck

@@ -119,8 +119,8 @@ def test_a_float64_observation_scale_is_detected(monkeypatch):
     from raylab.envs.core import managers, vec_env
 
     class Float64Scale(managers.ObservationManager):
-        def __init__(self, terms, num_envs):
-            super().__init__(terms, num_envs)
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
             self.scale = np.array([float(f"{s:.6g}") for s in self.scale])  # 0.05, not 0.05f
 
     monkeypatch.setattr(vec_env, "ObservationManager", Float64Scale)

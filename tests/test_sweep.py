@@ -240,7 +240,7 @@ def test_tune_resume_after_the_driver_is_killed_finishes_the_unfinished_trials(t
             "training.eval_before_train=false",
         ],
         search={"algo.lr": {"grid": [3e-4, 1e-3, 3e-3]}},
-        scheduler={"type": "fifo", "metric": S.EVAL_MEAN_REWARD},
+        scheduler={"type": "fifo"},
         num_samples=1,
         max_concurrent_trials=1,
         budget={"time_budget_s": 8},

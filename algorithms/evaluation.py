@@ -11,7 +11,7 @@ track-error tool (all in :mod:`raylab.evaluate`) run their episodes with
 - actions are the policy's deterministic ones (the mean of its Gaussian), in the env's units;
 - survival is the task's own definition: the share of an episode's steps on which
   ``info["fallen"]`` is false (Microduck balance:
-  :func:`raylab.envs.tasks.microduck_balance.is_fallen`), and 0 for an episode that
+  :func:`raylab.envs.robots.microduck.is_fallen`), and 0 for an episode that
   terminated (a joystick robot that fell); tasks without ``fallen`` (Gymnasium ids) report
   none;
 - joystick tasks also report tracking errors, |cmd_xy - v_xy| (m/s) and |cmd_yaw - yaw rate|

@@ -23,17 +23,29 @@ def asset_path(name: str) -> Path:
     return path
 
 
+def register(spec) -> None:
+    """Add a task (a :class:`~raylab.envs.tasks.TaskSpec`) to raylab's task table and register
+    its Gymnasium id: ``--task <name>`` and ``gymnasium.make_vec(<id>)`` then find it. The
+    shipped tasks are registered on import; a task of your own, at import of its module (see
+    docs/envs.md, "Adding a task")."""
+    import gymnasium as gym
+
+    from raylab.envs.tasks import register_task
+
+    register_task(spec)
+    if spec.gym_id not in gym.registry:
+        gym.register(
+            id=spec.gym_id, entry_point=spec.entry_point, vector_entry_point=spec.vector_entry_point
+        )
+
+
 def _register() -> None:
     import gymnasium as gym
 
     from raylab.envs.tasks import TASKS
 
-    for spec in TASKS.values():
-        if spec.gym_id in gym.registry:
-            continue
-        gym.register(
-            id=spec.gym_id, entry_point=spec.entry_point, vector_entry_point=spec.vector_entry_point
-        )
+    for spec in list(TASKS.values()):
+        register(spec)
     if PROBE_ID not in gym.registry:
         gym.register(id=PROBE_ID, entry_point="raylab.envs.probe:CountingEpisodesEnv")
 

@@ -26,14 +26,9 @@ from typing import Any, Dict, List, Optional, Sequence
 import mujoco
 import numpy as np
 
-from raylab.envs.tasks.microduck_balance import (
-    NUM_ACTIONS,
-    SERVO_FITS,
-    DomainParams,
-    EpisodeParams,
-    MicroduckBalanceEnv,
-)
-from raylab.envs.tasks.microduck_balance_vec import MicroduckBalanceVecEnv
+from raylab.envs.reference.microduck_balance import MicroduckBalanceEnv
+from raylab.envs.robots.microduck import NUM_ACTIONS, SERVO_FITS, DomainParams
+from raylab.envs.tasks.microduck_balance import EpisodeParams, MicroduckBalanceVecEnv
 
 INFO_FLAGS = ("trunk_height", "upright_cos", "fallen", "pushed", "step")
 
@@ -94,6 +89,13 @@ CASES: Sequence[Case] = (
         "high",
     ),
     Case("sensor noise", {"reward_version": "v2", "sensor_noise": True}, 2, 1200, 0.3),
+    Case(
+        "v2 reweighted, v1 terms added",
+        {"reward_version": "v2", "rew_height": 0.5, "rew_posture": -0.1, "rew_effort": -0.02},
+        2,
+        1300,
+        0.3,
+    ),
 )
 
 

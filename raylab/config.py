@@ -527,6 +527,7 @@ def _check_unsupported(cfg: DictConfig, spec: TaskSpec) -> None:
             )
     kwargs = dict(cfg.env.kwargs or {})
     if cfg.task in TASKS:
+        _check_task_options(cfg, spec)
         fields = {f.name for f in dataclasses.fields(spec.config_class())}
         for key in kwargs:
             if key in fields:
@@ -543,6 +544,21 @@ def _check_unsupported(cfg: DictConfig, spec: TaskSpec) -> None:
         )
     if kwargs:
         _check_gym_kwargs(cfg.env.gym_id, kwargs)
+
+
+def _check_task_options(cfg: DictConfig, spec: TaskSpec) -> None:
+    """The task's own value checks (its options dataclass's ``check()``), run on the composed
+    ``env.*`` now: a bad value is one line before Ray starts, not an EnvRunner that cannot
+    build its env."""
+    from raylab.envs.core.options import parse_options
+    from raylab.envs.tasks import PLUMBING_FIELDS
+
+    env = OmegaConf.to_container(cfg.env, resolve=True)
+    options = {k: v for k, v in env.items() if k not in PLUMBING_FIELDS}
+    try:
+        parse_options(spec.config_class(), options)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"env: {e}") from None
 
 
 def _text(value: Any) -> str:

@@ -281,6 +281,7 @@ NO_RAY_REFUSALS = [
     (["--algo", "sac", "algo.torch_compile=true"], ["algo.torch_compile=true", "GPU learner"]),
     (["--task", "NoSuchEnv-v9"], ["NoSuchEnv-v9"]),
     (["algo.nope=1"], ["unknown config key 'algo.nope'"]),
+    (["env.push_vel_min=-1"], ["env: push_vel_min=-1.0 is invalid", ">= 0"]),
     (
         ["training.stop_eval_reward=300", "training.eval_every=0"],
         ["training.stop_eval_reward=300", "training.eval_every=0"],

@@ -17,7 +17,7 @@ from raylab.algorithms.env_runner import RaylabEnvRunner, RaylabFastEnvRunner
 from raylab.algorithms.rollout import RolloutLoop, env_actions
 from raylab.config import compose
 from raylab.envs.core.backend import MAX_THREADS
-from raylab.envs.tasks.microduck_balance_vec import MicroduckBalanceVecEnv
+from raylab.envs.tasks.microduck_balance import MicroduckBalanceVecEnv
 from raylab.errors import UserError
 
 # Short episodes with one push, so a few hundred steps hold several autoresets.

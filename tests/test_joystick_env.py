@@ -15,16 +15,16 @@ from gymnasium.wrappers.vector import DictInfoToList
 import raylab.envs  # noqa: F401  (registers the ids)
 from raylab.algorithms.evaluation import eval_vec_env, hold_pose_policy, run_policy_episodes
 from raylab.config import compose
-from raylab.envs.core.managers import reward_tag, termination_tag
+from raylab.envs.core.managers import (
+    REWARD_PREFIX,
+    reward_tag,
+    reward_weight_fields,
+    termination_tag,
+)
 from raylab.envs.tasks import TASKS
 from raylab.envs.tasks.go2 import Go2JoystickFlatConfig, Go2JoystickFlatEnv, Go2JoystickFlatVecEnv
-from raylab.envs.tasks.legged_joystick import (
-    CONTROL_DT,
-    REWARD_PREFIX,
-    REWARD_TERMS,
-    reward_weight_fields,
-)
-from raylab.envs.tasks.microduck_balance_vec import MicroduckBalanceVecEnv
+from raylab.envs.tasks.legged_joystick import CONTROL_DT, REWARD_TERMS
+from raylab.envs.tasks.microduck_balance import MicroduckBalanceVecEnv
 from raylab.envs.tasks.microduck_joystick import (
     MicroduckJoystickConfig,
     MicroduckJoystickEnv,

@@ -106,11 +106,18 @@ _V1 = next(c for c in CASES if c.name == "v1")
 
 
 def test_a_sequential_sum_instead_of_numpys_pairwise_mean_is_detected(monkeypatch):
+    # Both envs call the task's term functions (the reference on its one robot's state as one
+    # row): the batched env's N rows, summed one by one, must differ from numpy's pairwise mean.
     from raylab.envs.tasks import microduck_balance as mb  # where the reward terms live
 
-    monkeypatch.setattr(
-        mb, "_mean_square", lambda x: np.array([sum((r * r).tolist()) / r.size for r in x])
-    )
+    real = mb.mean_square
+
+    def sequential_when_batched(x):
+        if len(x) == 1:  # the reference env's row
+            return real(x)
+        return np.array([sum((r * r).tolist()) / r.size for r in x])
+
+    monkeypatch.setattr(mb, "mean_square", sequential_when_batched)
     c = contract.run_case(_V1)
     assert c.identical_rewards < c.rewards
 

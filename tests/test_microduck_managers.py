@@ -21,8 +21,7 @@ from raylab.envs.core.managers import (
     reward_tag,
     termination_tag,
 )
-from raylab.envs.tasks.microduck_balance import OBS_SCALE
-from raylab.envs.tasks.microduck_balance_vec import OBSERVATIONS
+from raylab.envs.tasks.microduck_balance import OBS_SCALE, OBSERVATIONS
 
 
 def test_tag_helpers():

@@ -8,20 +8,20 @@ import pytest
 
 from raylab.bench.baselines import run_baselines
 from raylab.envs import asset_path
-from raylab.envs.tasks.microduck_balance import (
+from raylab.envs.reference.microduck_balance import MicroduckBalanceEnv
+from raylab.envs.robots.microduck import (
     ACTUATOR_NAMES,
     SERVO_FITS,
     STAND_HEIGHT,
     SURVIVAL_MIN_HEIGHT,
     SURVIVAL_MIN_UPRIGHT,
     VARIANTS,
-    MicroduckBalanceEnv,
     is_fallen,
     load_model,
     prototype,
     robot_index,
 )
-from raylab.envs.tasks.microduck_balance_vec import MicroduckBalanceVecEnv
+from raylab.envs.tasks.microduck_balance import MicroduckBalanceVecEnv
 
 # The servo values of the robot facts (XL330 class), which the model must stand on.
 FACT_SERVO = {

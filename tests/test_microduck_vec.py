@@ -14,18 +14,25 @@ from gymnasium.wrappers.vector import DictInfoToList
 import raylab.envs  # noqa: F401  (registers the ids)
 from raylab.envs.core.backend import model_bytes, owned_envs, thread_limit
 from raylab.envs.core.managers import reward_tag, termination_tag
-from raylab.envs.tasks.microduck_balance import (
-    REWARDS,
-    MicroduckBalanceConfig,
-    MicroduckBalanceEnv,
+from raylab.envs.core.vec_env import nominal_physics
+from raylab.envs.reference.microduck_balance import MicroduckBalanceEnv
+from raylab.envs.robots.microduck import (
     apply_physics_params,
-    balance_options,
     load_model,
-    nominal_physics,
     prototype,
     robot_index,
 )
-from raylab.envs.tasks.microduck_balance_vec import MicroduckBalanceVecEnv
+from raylab.envs.tasks.microduck_balance import (
+    MicroduckBalanceConfig,
+    MicroduckBalanceVecEnv,
+    balance_options,
+    rewards,
+)
+
+
+def _reward_table(version: str):
+    return rewards(balance_options({"reward_version": version}))
+
 
 GYM_ID = "raylab/MicroduckBalance-v0"
 
@@ -322,6 +329,10 @@ def test_out_of_range_actions_are_clipped_and_counted_identically():
         ({"push_scale_end": 4.0}, r"push_scale_end=4.0 is invalid; valid range: 0..3.0"),
         ({"push_curriculum_steps": -1}, r"push_curriculum_steps=-1 is invalid"),
         ({"obs_history": 9}, r"obs_history=9 is invalid; valid range: 0..8"),
+        (
+            {"rew_height": float("nan")},
+            r"rew_height=nan is invalid; a reward weight must be finite",
+        ),
     ],
 )
 def test_bad_options_raise_one_clear_line(kwargs, match):
@@ -331,6 +342,43 @@ def test_bad_options_raise_one_clear_line(kwargs, match):
     if "autoreset_mode" not in kwargs and "info_mode" not in kwargs:
         with pytest.raises(ValueError, match=match):
             gym.make(GYM_ID, **kwargs)
+
+
+def test_reward_weights_are_options_over_the_reward_versions_weights():
+    """rew_<term> = null takes the version's weight; a number replaces it, adds a term the
+    version does not have (in REWARD_TERMS order) or, at 0, leaves the term out."""
+    table = lambda **o: [(t.name, t.weight) for t in rewards(balance_options(o))]  # noqa: E731
+    assert table() == [
+        ("upright", 1.0),
+        ("height", 1.0),
+        ("action_rate", -0.05),
+        ("joint_vel", -0.042),
+    ]
+    assert [n for n, _ in table(reward_version="v1")] == [
+        "upright", "height", "posture", "action_rate", "joint_vel", "effort"
+    ]  # fmt: skip
+    assert table(rew_posture=-0.1, rew_height=0.0, rew_upright=2.0) == [
+        ("upright", 2.0), ("posture", -0.1), ("action_rate", -0.05), ("joint_vel", -0.042)
+    ]  # fmt: skip
+    # v1 swaps in its Gaussian height term; the weight option is the same.
+    heights = {
+        v: rewards(balance_options({"reward_version": v}))[1].fn.__name__ for v in ("v1", "v2")
+    }
+    assert heights == {"v1": "height_gaussian", "v2": "height_linear"}
+    # The weights reach the env: the logged terms are the table's, and each is weight x raw.
+    vec = MicroduckBalanceVecEnv(num_envs=2, num_pushes=0, info_mode="full", rew_posture=-0.1)
+    vec.reset(seed=0)
+    _, rew, *_, info = vec.step(np.full((2, 14), 0.5))
+    assert list(info["reward_terms"]) == [
+        "upright",
+        "height",
+        "posture",
+        "action_rate",
+        "joint_vel",
+    ]
+    np.testing.assert_array_equal(sum(info["reward_terms"].values()), rew)
+    assert (info["reward_terms"]["posture"] < 0).all()
+    vec.close()
 
 
 def test_unknown_option_names_are_refused():
@@ -375,7 +423,9 @@ def test_make_vec_entry_point_under_dict_info_to_list_rllib_style():
         assert infos == [{}, {}, {}] and rew.dtype == np.float64
     log = vec.unwrapped.pop_log()
     assert log[termination_tag("time_out")] == 3
-    assert set(log) == {reward_tag(t.name) for t in REWARDS["v2"]} | {termination_tag("time_out")}
+    assert set(log) == {reward_tag(t.name) for t in _reward_table("v2")} | {
+        termination_tag("time_out")
+    }
     vec.close()
 
 
@@ -405,7 +455,7 @@ def test_full_infos_and_pop_log_agree_with_the_per_term_rewards():
     )
     obs, info = vec.reset(seed=0)
     assert len(info["episode_params"]) == n
-    sums = {t.name: 0.0 for t in REWARDS["v1"]}
+    sums = {t.name: 0.0 for t in _reward_table("v1")}
     steps = 0
     for a in _actions(21, n, seed=4, amplitude=0.5):  # 20 steps, then the NEXT_STEP reset step
         obs, rew, term, trunc, info = vec.step(a)
@@ -427,7 +477,7 @@ def test_full_infos_and_pop_log_agree_with_the_per_term_rewards():
         steps += int(stepped.sum())
     assert (info["step"] == 0).all() and (rew == 0).all()  # the last call reset every env
     log = vec.pop_log()
-    for t in (term.name for term in REWARDS["v1"]):
+    for t in (term.name for term in _reward_table("v1")):
         assert log[reward_tag(t)] == pytest.approx(sums[t] / steps)
     assert log[termination_tag("time_out")] == n
     assert steps == 20 * n
@@ -444,7 +494,7 @@ def test_reference_env_info_has_the_terms_and_flags():
     for t in range(250):
         obs, r, term, trunc, info = env.step(np.zeros(14, dtype=np.float32))
         assert sum(info["reward_terms"].values()) == pytest.approx(r)
-        assert set(info["reward_terms"]) == {term.name for term in REWARDS["v1"]}
+        assert set(info["reward_terms"]) == {term.name for term in _reward_table("v1")}
         assert term is False and trunc == (t == 249)
         total += r
         assert r <= 2.0

@@ -201,13 +201,12 @@ def test_a_robot_run_logs_every_reward_and_termination_term_of_its_task(algo, ru
     """The event files (read back with TensorBoard's reader) hold reward/<term> for every
     reward term of the task's reward version and Episode_Termination/<term> for every
     termination term, each at several steps."""
-    from raylab.envs.tasks.microduck_balance import REWARDS
-    from raylab.envs.tasks.microduck_balance_vec import TERMINATIONS
+    from raylab.envs.tasks.microduck_balance import TERMINATIONS, balance_options, rewards
 
     run_dir = runs(algo, "microduck_balance")
     version = json.loads((run_dir / "run_config.json").read_text())["env"]["reward_version"]
     table = extract(run_dir)
-    expected = [S.reward_tag(t.name) for t in REWARDS[version]]
+    expected = [S.reward_tag(t.name) for t in rewards(balance_options({"reward_version": version}))]
     expected += [S.termination_tag(t.name) for t in TERMINATIONS]
     for tag in expected:
         assert tag in table.tags, (tag, sorted(t for t in table.tags if "/" in t))

@@ -3,12 +3,12 @@
 A task is a handful of small declarative tables. Each term is a plain function of the batched
 env that returns one value (or one row) per env, computed for all N envs at once with NumPy:
 
-    REWARDS = (
-        RewardTerm("upright", upright, weight=1.0),
-        RewardTerm("action_rate", action_rate, weight=-0.05),
-    )
+    OBSERVATIONS = (ObsTerm("joint_vel", obs_joint_vel, 14, scale=0.05), ...)
+    REWARD_TERMS = {"upright": upright, "action_rate": action_rate}  # weights: rew_<name>
+    TERMINATIONS = (TerminationTerm("time_out", time_out, time_out=True),)
 
-Adding a reward term is one function plus one line in such a table. The managers below turn
+Adding a reward term is one function, one entry in ``REWARD_TERMS`` and its weight, the option
+``rew_<name>`` of the task's options dataclass (:func:`reward_table`). The managers below turn
 the tables into arrays, keep the per-term logging sums, and hand them out with ``pop_log()``:
 
 - ``reward/<term>``: mean over envs and over the env-steps since the last pop of raw value x
@@ -27,8 +27,8 @@ pairwise tree as the reference's 1-D (k,) reduction.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -146,6 +146,31 @@ class RewardTerm:
     name: str
     fn: TermFn
     weight: float
+
+
+REWARD_PREFIX = "rew_"
+
+
+def reward_table(
+    terms: Mapping[str, TermFn], opts: Any, defaults: Optional[Mapping[str, float]] = None
+) -> Tuple[RewardTerm, ...]:
+    """A task's reward table from its options: every term of ``terms`` (in its order) whose
+    weight, the option ``rew_<name>``, is not zero. A ``None`` weight takes ``defaults[name]``
+    (0 when absent): a task with presets of weights (the balance task's reward versions) keeps
+    ``rew_<name>`` at ``None`` unless the user sets it."""
+    defaults = defaults or {}
+    table = []
+    for name, fn in terms.items():
+        weight = getattr(opts, REWARD_PREFIX + name)
+        weight = float(defaults.get(name, 0.0) if weight is None else weight)
+        if weight != 0.0:
+            table.append(RewardTerm(name, fn, weight))
+    return tuple(table)
+
+
+def reward_weight_fields(config_cls: type) -> List[str]:
+    """The ``rew_<term>`` fields of a task's options dataclass."""
+    return [f.name for f in fields(config_cls) if f.name.startswith(REWARD_PREFIX)]
 
 
 class RewardManager:

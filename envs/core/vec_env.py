@@ -16,15 +16,17 @@ owns what every batched task does the same way:
 
 The task hands its term tables to ``_init_managers`` (policy observation terms, the
 critic-only privileged terms appended after them, rewards, terminations, commands, events),
-which builds the managers and the spaces. Hooks:
+which builds the managers and the spaces. Hooks; a task must write the first three, the rest
+have defaults that run the tables (docs/envs.md, "Adding a task"):
 
 - ``_configure(options)``: the options, the robot, the physics model;
 - ``_build()``: the task's state arrays and its term tables;
-- ``_reset_envs(env_ids)``: events, commands and sensors of the given envs;
-- ``_observe(env_ids)``: per-observation work such as sensor noise (default none);
-- ``_reset_info()``: the full-mode info of a reset;
 - ``_apply_actions(actions, ids)``: the stepping envs' actions and servo targets; the base then
   applies the step events (pushes) and steps the physics;
+- ``_reset_envs(env_ids)``: events, commands and sensors of the given envs;
+- ``_read_sensors()``: the state arrays read from the sensors;
+- ``_observe(env_ids)``: per-observation work such as sensor noise (default none);
+- ``_reset_info()``: the full-mode info of a reset;
 - ``_after_physics(active, resetting)``: everything after the physics (sensors, observation,
   rewards, terminations, info), returning observation, reward, terminated, truncated, info.
 
@@ -252,9 +254,19 @@ class BatchedVecEnv(VectorEnv, abc.ABC):
     def _build(self) -> None:
         """The task's state arrays, then ``_init_managers`` with its term tables."""
 
-    @abc.abstractmethod
     def _reset_envs(self, env_ids: np.ndarray) -> None:
-        """Events, commands and sensors of the envs ``env_ids`` at the start of an episode."""
+        """Events, commands and sensors of the envs ``env_ids`` at the start of an episode
+        (default: the reset events, then the commands, then the sensors)."""
+        self.events.apply("reset", self, env_ids)
+        self.commands.reset(env_ids, self.rngs)
+        self._read_sensors()
+
+    def _read_sensors(self) -> None:
+        """The state arrays read from the sensors (default: :meth:`_read_body_sensors` plus
+        ``gravity`` in the trunk frame and ``upright_cos`` from the ``orientation`` sensor)."""
+        self._read_body_sensors()
+        self.gravity = gravity_from_quat(self.sim.sensordata[:, self.robot.sensors["orientation"]])
+        self.upright_cos = -self.gravity[:, 2]
 
     def _reset_all(self, env_ids: np.ndarray, options: Dict[str, Any]) -> None:
         """``reset()`` of every env; a task with reset options overrides this."""
@@ -263,18 +275,27 @@ class BatchedVecEnv(VectorEnv, abc.ABC):
     def _observe(self, env_ids: np.ndarray) -> None:
         """Work done once per returned observation of ``env_ids`` (default: none)."""
 
-    @abc.abstractmethod
     def _reset_info(self) -> Dict[str, Any]:
-        """The full-mode info of a reset."""
+        """The full-mode info of a reset (default: none)."""
+        return {}
 
     @abc.abstractmethod
     def _apply_actions(self, actions: np.ndarray, ids: np.ndarray) -> None:
         """The stepping envs' action state and servo targets (``self.ctrl``)."""
 
-    @abc.abstractmethod
     def _after_physics(self, active: np.ndarray, resetting: np.ndarray):
         """After the physics step of the ``active`` envs: state, observation, reward,
-        terminated, truncated, info."""
+        terminated, truncated, info. Default: commands, sensors, then the tables in order
+        (observation, reward, terminations); the full-mode info holds the weighted reward terms
+        and this step's log."""
+        self.commands.step(active, self.rngs)
+        self._read_sensors()
+        self._observe(np.arange(self.num_envs))
+        obs = self.observations.compute(self, fresh=np.flatnonzero(resetting)).copy()
+        reward = self.rewards.compute(self, active).copy()
+        terminated, truncated = self.terminations.compute(self, active)
+        info = self._full_step_info(active) if self.info_mode == "full" else {}
+        return obs, reward, terminated.copy(), truncated.copy(), info
 
     # -- Gymnasium API -----------------------------------------------------------------------
 

@@ -140,8 +140,8 @@ register_task(
     TaskSpec(
         name="microduck_balance",
         gym_id="raylab/MicroduckBalance-v0",
-        entry_point="raylab.envs.tasks.microduck_balance:MicroduckBalanceEnv",
-        vector_entry_point="raylab.envs.tasks.microduck_balance_vec:MicroduckBalanceVecEnv",
+        entry_point="raylab.envs.reference.microduck_balance:MicroduckBalanceEnv",
+        vector_entry_point="raylab.envs.tasks.microduck_balance:MicroduckBalanceVecEnv",
         config="raylab.envs.tasks.microduck_balance:MicroduckBalanceConfig",
         description="14-servo duck robot that must stay standing under pushes",
         env_defaults=ROBOT_ENV_DEFAULTS,

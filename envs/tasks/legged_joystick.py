@@ -43,10 +43,9 @@ Env state (one row per env; term functions read only these):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-import gymnasium as gym
 import mujoco
 import numpy as np
 
@@ -56,21 +55,25 @@ from raylab.envs.core.managers import (
     ObsTerm,
     RewardTerm,
     TerminationTerm,
+    reward_table,
+    reward_weight_fields,
 )
 from raylab.envs.core.options import parse_options
-from raylab.envs.core.vec_env import BatchedVecEnv, gravity_from_quat
-from raylab.envs.tasks import VECTOR_ONLY_OPTIONS, BatchedEnvConfig, option, option_range
-from raylab.envs.tasks.microduck_balance import upright
-from raylab.envs.tasks.microduck_balance_vec import (  # noqa: F401  (obs terms re-exported for the tasks)
+from raylab.envs.core.single_env import SingleEnv
+from raylab.envs.core.terms import (  # noqa: F401  (obs terms re-exported for the tasks)
     obs_action,
+    obs_base_height,
+    obs_base_lin_vel,
     obs_joint_vel,
+    time_out,
+    upright,
 )
+from raylab.envs.core.vec_env import BatchedVecEnv
+from raylab.envs.tasks import BatchedEnvConfig, option, option_range
 
 CONTROL_DT = 0.02  # 50 Hz control in both tasks
 MOVING_COMMAND = 0.1  # |command| above this counts as "move" for the feet terms
 POSE_SIGMA = 1.0  # rad^2: pose = exp(-sum (q - default)^2 / POSE_SIGMA)
-
-REWARD_PREFIX = "rew_"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,15 +219,6 @@ def obs_foot_phase(env):
 
 # Privileged state (``privileged_obs``): appended after the policy's observation for an
 # asymmetric critic; raylab's PPO module hides it from the policy (algorithms/modules.py).
-def obs_base_lin_vel(env):
-    """Trunk-frame linear velocity (m/s): what the policy must infer from IMU and joints."""
-    return env.lin_vel
-
-
-def obs_base_height(env):
-    return env.trunk_height[:, None]
-
-
 def obs_foot_contact(env):
     return env.contact.astype(np.float64)
 
@@ -244,10 +238,6 @@ def privileged_terms(num_feet: int) -> Tuple[ObsTerm, ...]:
 
 def fell(env):
     return env.fallen
-
-
-def time_out(env):
-    return env.step_count >= env.opts.episode_steps
 
 
 TERMINATIONS = (
@@ -537,6 +527,9 @@ class JoystickConfig(BatchedEnvConfig):
     rew_foot_slip: float = option(-0.1, "reward weight: squared speed of the feet in contact")
     rew_termination: float = option(0.0, "reward weight: 1 on the step the robot falls")
 
+    def check(self) -> None:
+        check_joystick_options(self)
+
 
 def check_joystick_options(o) -> None:
     """The value checks of a joystick task's options (run by
@@ -576,17 +569,9 @@ def check_joystick_options(o) -> None:
         bad("rew_feet_swing_height needs the gait clock; set gait_freq_hz > 0 or the weight to 0")
 
 
-def reward_weight_fields(config_cls: type) -> List[str]:
-    return [f.name for f in fields(config_cls) if f.name.startswith(REWARD_PREFIX)]
-
-
-def reward_table(opts) -> Tuple[RewardTerm, ...]:
+def rewards(opts) -> Tuple[RewardTerm, ...]:
     """The configured reward terms: every term of REWARD_TERMS with a non-zero weight."""
-    return tuple(
-        RewardTerm(name, fn, float(getattr(opts, REWARD_PREFIX + name)))
-        for name, fn in REWARD_TERMS.items()
-        if float(getattr(opts, REWARD_PREFIX + name)) != 0.0
-    )
+    return reward_table(REWARD_TERMS, opts)
 
 
 def observation_table(task: JoystickTask, opts) -> Tuple[ObsTerm, ...]:
@@ -625,7 +610,7 @@ class JoystickVecEnv(BatchedVecEnv):
     task: JoystickTask
 
     def _configure(self, options):
-        self.opts = parse_options(self.task.config_cls, options, check_joystick_options)
+        self.opts = parse_options(self.task.config_cls, options)
         proto = self.task.model()
         self.robot = LeggedRobot.of(proto, self.task.actuators, self.task.feet, self.task.key)
         return proto, self.task.nsubsteps
@@ -636,6 +621,7 @@ class JoystickVecEnv(BatchedVecEnv):
 
         # Env state: plain arrays, one row per env.
         self.default = self.robot.default
+        self.episode_steps = self.opts.episode_steps
         self.action = np.zeros((n, nj))
         self.prev_action = np.zeros((n, nj))
         self.gait_phase = np.zeros(n)
@@ -660,7 +646,7 @@ class JoystickVecEnv(BatchedVecEnv):
             nj,
             observation_table(self.task, o),
             privileged_terms(nf) if o.privileged_obs else (),
-            reward_table(o),
+            rewards(o),
             TERMINATIONS,
             (velocity,),
             EVENTS,
@@ -673,11 +659,9 @@ class JoystickVecEnv(BatchedVecEnv):
     # -- sensors -----------------------------------------------------------------------------
 
     def _read_sensors(self) -> None:
-        self._read_body_sensors()
+        super()._read_sensors()  # joints, gyro, lin_vel, trunk_height, gravity, upright_cos
         sd, s = self.sim.sensordata, self.robot.sensors
         n, nf = self.num_envs, len(self.task.feet)
-        self.gravity = gravity_from_quat(sd[:, s["orientation"]])
-        self.upright_cos = -self.gravity[:, 2]
         self.fallen = self.upright_cos <= self.task.fall_up_z
         self.foot_height = sd[:, s["foot_pos"]].reshape(n, nf, 3)[:, :, 2] - self.task.foot_radius
         self.foot_vel = sd[:, s["foot_vel"]].reshape(n, nf, 3)
@@ -704,10 +688,9 @@ class JoystickVecEnv(BatchedVecEnv):
         return self._state_info()
 
     def _reset_envs(self, env_ids: np.ndarray) -> None:
-        """Events (physics, initial state, push timer), then the first command, per env."""
-        self.events.apply("reset", self, env_ids)
-        self.commands.reset(env_ids, self.rngs)
-        self._read_sensors()
+        """Events (physics, initial state, push timer), the first command, the sensors, then
+        the feet's contacts and the command state."""
+        super()._reset_envs(env_ids)
         self.contact[env_ids] = self.foot_force[env_ids] > self.task.contact_force
         self._set_command()
 
@@ -764,66 +747,10 @@ class JoystickVecEnv(BatchedVecEnv):
 # ---------------------------------------------------------------------------------------------
 
 
-class JoystickEnv(gym.Env):
-    """The vector env with one robot, as a ``gymnasium.Env``; subclasses set :attr:`vec_cls`.
-
-    Same task code, so ``reset(seed=s)`` equals env 0 of the vector env reset with seed ``s``.
-    ``info``: ``trunk_height``, ``upright_cos``, ``fallen``, ``step``, ``command``, ``lin_vel``,
-    ``yaw_rate``, ``pushed`` and ``reward_terms`` (weight x raw, before the dt scaling). After an
-    episode ends, ``step`` raises until ``reset``. The vector-only options are accepted and
-    ignored, so one env_config serves both.
-    """
+class JoystickEnv(SingleEnv):
+    """The joystick vector env with one robot. ``info``: ``trunk_height``, ``upright_cos``,
+    ``fallen``, ``step``, ``command``, ``lin_vel``, ``yaw_rate``, ``pushed`` and
+    ``reward_terms`` (weight x raw, before the dt scaling)."""
 
     vec_cls: type = JoystickVecEnv
     metadata = {"render_modes": [], "render_fps": int(round(1.0 / CONTROL_DT))}
-
-    def __init__(self, render_mode: Optional[str] = None, **options):
-        if render_mode is not None:
-            raise ValueError(f"render_mode={render_mode!r} is not supported; valid choices: None")
-        opts = {k: v for k, v in options.items() if k not in VECTOR_ONLY_OPTIONS}
-        self.vec = self.vec_cls(num_envs=1, info_mode="full", **opts)
-        self.opts = self.vec.opts
-        self.observation_space = self.vec.single_observation_space
-        self.action_space = self.vec.single_action_space
-        self._done = True
-
-    @property
-    def model(self) -> mujoco.MjModel:
-        return self.vec.sim.models[0]
-
-    @property
-    def data(self) -> mujoco.MjData:
-        return self.vec.sim.datas[0]
-
-    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
-        super().reset(seed=seed)
-        obs, info = self.vec.reset(seed=seed)
-        self._done = False
-        return obs[0], self._one(info)
-
-    def step(self, action):
-        if self._done:
-            raise RuntimeError("the episode has ended (or was never started); call reset()")
-        a = np.asarray(action, dtype=np.float64)
-        if a.shape != (self.vec.num_actions,):
-            raise ValueError(f"action must have shape ({self.vec.num_actions},), got {a.shape}")
-        obs, reward, terminated, truncated, info = self.vec.step(a[None])
-        self._done = bool(terminated[0] or truncated[0])
-        return obs[0], float(reward[0]), bool(terminated[0]), bool(truncated[0]), self._one(info)
-
-    @staticmethod
-    def _one(info: Dict[str, Any]) -> Dict[str, Any]:
-        out: Dict[str, Any] = {}
-        for k, v in info.items():
-            if k == "log":
-                continue
-            if k == "reward_terms":
-                out[k] = {name: float(x[0]) for name, x in v.items()}
-            elif isinstance(v, np.ndarray) and v.ndim == 1:
-                out[k] = v[0].item()
-            elif isinstance(v, np.ndarray):
-                out[k] = v[0].copy()
-        return out
-
-    def close(self):
-        self.vec.close()

@@ -1,17 +1,22 @@
-"""Microduck balance: the robot model, the episode draw, and the reference single env.
+"""Microduck balance: a 14-servo duck that must keep standing under pushes. The task, in one module.
 
-The reference env (:class:`MicroduckBalanceEnv`, ``gymnasium.make("raylab/MicroduckBalance-v0")``)
-is the specification of the task, written for clarity: one robot, one ``MjData``, plain NumPy. The
-batched env in :mod:`raylab.envs.tasks.microduck_balance_vec` must equal it bit for bit given the
-same :class:`EpisodeParams` and the same actions (see :mod:`raylab.envs.contract`).
+Everything a reader or an editor of the task needs is here, top to bottom: its constants, its
+reward terms and their weights (the ``rew_<term>`` options), its options dataclass
+(``env.*`` in a raylab config), the episode draw (:class:`EpisodeParams`: initial state,
+pushes, latency, noise, domain randomisation), its observation, termination and event tables,
+and the batched env :class:`MicroduckBalanceVecEnv` that runs them on
+:class:`~raylab.envs.core.vec_env.BatchedVecEnv`. The robot (model, variants, name lookups,
+survival, domain-randomisation physics) is :mod:`raylab.envs.robots.microduck`; generic terms
+are :mod:`raylab.envs.core.terms`.
 
-What is shared between the two (written once, here): building the model and its variants, the
-name lookups (:class:`RobotIndex`), the options check, the episode draw
-(:func:`draw_episode_params`) and writing an episode's physics parameters into a model
-(:func:`apply_physics_params`). What is written twice and compared: the reset and step logic,
-latency, pushes, sensor noise, the observation and the rewards.
+``gymnasium.make_vec("raylab/MicroduckBalance-v0", num_envs=N,
+vectorization_mode="vector_entry_point", num_threads=T, **options)`` builds the batched env;
+``gymnasium.make("raylab/MicroduckBalance-v0")`` the reference env
+(:mod:`raylab.envs.reference.microduck_balance`), the task's specification written for one
+robot in plain NumPy, which the batched env equals bit for bit given the same episode draws and
+actions (:mod:`raylab.envs.contract`). Both compute the reward from the term functions below.
 
-One control step (50 Hz) of the reference env:
+One control step (50 Hz):
 
 1. check the action (shape (14,), finite); clip it to [-1, 1], counting clipped entries;
 2. latency: the servos get the action from ``latency`` control steps ago (zeros before that);
@@ -23,72 +28,71 @@ One control step (50 Hz) of the reference env:
    action just taken (14), gyro x 0.25 (3), gravity in the trunk frame (3); the scale table is
    float32 and multiplies the float64 raw values; with sensor noise, gyro and the orientation
    quaternion get Gaussian noise from the episode's own noise stream;
-7. reward: weighted sum of the version's terms (v1 or v2), in table order; terms in ``info``;
-8. fixed-length episodes: ``truncated`` after ``episode_steps`` steps, never ``terminated``.
+7. reward: weighted sum of the reward table's terms, in table order; terms in ``info``;
+8. fixed-length episodes: ``truncated`` after ``episode_steps`` steps, never ``terminated``
+   (``fall_termination``, training only, ends an episode on a fall).
+
+Env state of the batched env is plain arrays, one row per env (``joint_pos``, ``joint_vel``,
+``action``, ``prev_action``, ``step_count``, ...); every term function reads them.
 """
 
 from __future__ import annotations
 
-import collections
 import copy
-import functools
 import math
 from dataclasses import dataclass, fields
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import gymnasium as gym
-import mujoco
 import numpy as np
 
-from raylab.envs import asset_path
-from raylab.envs.core.managers import RewardTerm
+from raylab.envs.core.managers import (
+    EventTerm,
+    ObsTerm,
+    RewardTerm,
+    TerminationTerm,
+    reward_table,
+)
 from raylab.envs.core.options import parse_options
-from raylab.envs.core.vec_env import check_choice, nominal_physics
+from raylab.envs.core.terms import (
+    mean_square,
+    obs_action,
+    obs_base_height,
+    obs_base_lin_vel,
+    obs_joint_vel,
+    time_out,
+    upright,
+)
+from raylab.envs.core.vec_env import BatchedVecEnv, gravity_from_quat
+from raylab.envs.robots.microduck import (
+    DR_INIT_NOISE_RANGE,
+    DR_LATENCY_RANGE,
+    FRICTION_SCALE_RANGE,
+    MASS_SCALE_RANGE,
+    MAX_LATENCY,
+    N_SUBSTEPS,
+    NUM_ACTIONS,
+    SERVO_FITS,
+    STAND_HEIGHT,
+    DomainParams,
+    RobotIndex,
+    apply_physics_params,
+    is_fallen,
+    prototype,
+    robot_index,
+)
 from raylab.envs.tasks import BatchedEnvConfig, option
 
 # ---------------------------------------------------------------------------------------------
 # Constants of the task
 # ---------------------------------------------------------------------------------------------
 
-ACTUATOR_NAMES: Tuple[str, ...] = (
-    "left_hip_yaw",
-    "left_hip_roll",
-    "left_hip_pitch",
-    "left_knee",
-    "left_ankle",
-    "neck_pitch",
-    "head_pitch",
-    "head_yaw",
-    "head_roll",
-    "right_hip_yaw",
-    "right_hip_roll",
-    "right_hip_pitch",
-    "right_knee",
-    "right_ankle",
-)
-NUM_ACTIONS = len(ACTUATOR_NAMES)
 OBS_DIM = 48
 # privileged_obs: the critic-only entries after the 48: trunk-frame linear velocity (m/s, the
 # velocimeter at the IMU) and trunk height (m, the IMU site's z).
 PRIVILEGED_DIM = 4
 MAX_OBS_HISTORY = 8  # obs_history: at most 8 previous observations (0.16 s)
-N_SUBSTEPS = 10  # mj_step per control step: 10 x 0.002 s = 50 Hz control
-CONTROL_DT = 0.02
-STAND_HEIGHT = 0.12  # trunk origin in the "stand" keyframe (m)
-# Survival: a step counts as survived while the duck is up, with its trunk at least 3/4 of the
-# stand height above the floor and tilted less than 60 degrees. A fallen duck rests with its
-# trunk at 3-6 cm and tilted far over, so neither a duck lying on the floor nor one that has sat
-# down counts; a standing duck, even one leaning into a push or crouching as far as the default
-# action scale allows (about 11.5 cm), does.
-SURVIVAL_MIN_HEIGHT = 0.75 * STAND_HEIGHT  # m
-SURVIVAL_MIN_UPRIGHT = 0.5  # cosine of the trunk's tilt (60 degrees)
 PUSH_MARGIN_STEPS = 25  # pushes land at least 0.5 s from either end of the episode
-MAX_LATENCY = 2  # control steps
 MAX_PUSH_SCALE = 3.0  # a training push curriculum's factor: 0..3 times the task's speeds
-BACKLASH_RAD = 0.002  # free play of the backlash variant's passive hinges (see docs/envs.md)
-
-VARIANTS = ("default", "backlash", "toes")
-REWARD_VERSIONS = ("v1", "v2")
 
 # Observation scale table, float32 like the original task's constants. Multiplying the float64
 # raw values by it promotes each constant (0.05 becomes 0.05000000074505806).
@@ -106,42 +110,12 @@ HEIGHT_SIGMA = 0.03  # v1 height reward: Gaussian around STAND_HEIGHT
 GYRO_NOISE_STD = 0.005  # rad/s, when sensor noise is on
 QUAT_NOISE_STD = 0.001  # per quaternion component, when sensor noise is on
 
-# Domain randomisation. The servo parameters are drawn uniformly between the smallest and the
-# largest value of four actuator fits. These four rows are raylab's own set, shaped like the
-# upstream XL330 fits: the first is the model's nominal servo (kp 0.55 N.m/rad, damping 0.053,
-# frictionloss 0.0048, armature 0.0018, force limit 0.96 N.m) and each range is centred on it;
-# frictionloss spans about 6.7x (0.0019-0.0124), so its range is centred geometrically.
-SERVO_FITS: Dict[str, Tuple[float, float, float, float]] = {
-    "kp": (0.55, 0.49, 0.61, 0.52),
-    "damping": (0.053, 0.046, 0.060, 0.050),
-    "frictionloss": (0.0048, 0.0019, 0.0124, 0.0072),
-    "armature": (0.0018, 0.0015, 0.0021, 0.0017),
-    "force_limit": (0.96, 0.90, 1.02, 0.94),
-}
-SERVO_PARAMS = tuple(SERVO_FITS)
-MASS_SCALE_RANGE = (0.85, 1.15)  # per body, applied to mass and inertia
-FRICTION_SCALE_RANGE = (0.6, 1.2)  # floor sliding friction
-DR_LATENCY_RANGE = (0, MAX_LATENCY)  # inclusive
-DR_INIT_NOISE_RANGE = (0.02, 0.3)  # rad
-
 # ---------------------------------------------------------------------------------------------
-# Rewards: each term once, with its weight, per reward version (summed in table order)
+# Rewards: each term once; its weight is the option rew_<term>
 # ---------------------------------------------------------------------------------------------
-# A term function reads the batched env's state arrays (one row per env) and returns one raw
-# value per env; the batched env multiplies by the weight. The reference env below computes the
-# same raw values for its one robot (written separately, compared bit for bit) and takes the
-# weights from this table.
-
-
-def _mean_square(x: np.ndarray) -> np.ndarray:
-    """Row mean of x*x: a C-contiguous (N, k) array reduced along its last axis (same pairwise
-    summation as the reference's 1-D mean)."""
-    return np.mean(np.ascontiguousarray(x * x), axis=1)
-
-
-def upright(env):
-    """Cosine of the trunk's tilt, floored at 0."""
-    return np.maximum(0.0, env.upright_cos)
+# A term function reads the env's state arrays (one row per env) and returns one raw value per
+# env; the env adds weight x raw in table order. The reference env calls the same functions on
+# its one robot's state.
 
 
 def height_gaussian(env):
@@ -157,47 +131,78 @@ def height_linear(env):
 
 def posture(env):
     """Mean square distance of the joints from the stand pose."""
-    return _mean_square(env.joint_pos - env.stand)
+    return mean_square(env.joint_pos - env.stand)
 
 
 def action_rate(env):
     """Mean square change of the action since the last step."""
-    return _mean_square(env.action - env.prev_action)
+    return mean_square(env.action - env.prev_action)
 
 
 def joint_vel_sq(env):
     """Mean square joint velocity."""
-    return _mean_square(env.joint_vel)
+    return mean_square(env.joint_vel)
 
 
 def effort(env):
     """Mean square actuator force."""
-    return _mean_square(env.joint_force)
+    return mean_square(env.joint_force)
 
 
-REWARDS: Dict[str, Tuple[RewardTerm, ...]] = {
-    "v1": (
-        RewardTerm("upright", upright, weight=1.0),
-        RewardTerm("height", height_gaussian, weight=1.0),
-        RewardTerm("posture", posture, weight=-0.10),
-        RewardTerm("action_rate", action_rate, weight=-0.05),
-        RewardTerm("joint_vel", joint_vel_sq, weight=-2e-4),
-        RewardTerm("effort", effort, weight=-0.02),
+# Every reward term of the task, in the order the reward adds them (v2's height term; v1
+# swaps in its Gaussian, REWARD_VERSIONS).
+REWARD_TERMS = {
+    "upright": upright,
+    "height": height_linear,
+    "posture": posture,
+    "action_rate": action_rate,
+    "joint_vel": joint_vel_sq,
+    "effort": effort,
+}
+
+
+@dataclass(frozen=True)
+class RewardVersion:
+    """A reward definition: the weight of each term (absent: 0) and the term functions it
+    swaps in."""
+
+    weights: Dict[str, float]
+    terms: Dict[str, Any]
+
+
+REWARD_VERSIONS: Dict[str, RewardVersion] = {
+    "v1": RewardVersion(
+        weights={
+            "upright": 1.0,
+            "height": 1.0,
+            "posture": -0.10,
+            "action_rate": -0.05,
+            "joint_vel": -2e-4,
+            "effort": -0.02,
+        },
+        terms={"height": height_gaussian},
     ),
-    "v2": (
-        RewardTerm("upright", upright, weight=1.0),
-        RewardTerm("height", height_linear, weight=1.0),
-        RewardTerm("action_rate", action_rate, weight=-0.05),
-        RewardTerm("joint_vel", joint_vel_sq, weight=-4.2e-2),
+    "v2": RewardVersion(
+        weights={"upright": 1.0, "height": 1.0, "action_rate": -0.05, "joint_vel": -4.2e-2},
+        terms={},
     ),
 }
 
 
-def is_fallen(trunk_height, upright_cos):
-    """Whether the duck is down (scalars or arrays): the one survival definition of the task,
-    used by both envs' ``info["fallen"]``, their episode statistics, ``raylab eval`` and the
-    baselines."""
-    return (trunk_height < SURVIVAL_MIN_HEIGHT) | (upright_cos < SURVIVAL_MIN_UPRIGHT)
+def rewards(opts) -> Tuple[RewardTerm, ...]:
+    """The reward table of these options: the version's terms and weights, each weight replaced
+    by its option ``rew_<term>`` where that is set; zero weights are left out."""
+    version = REWARD_VERSIONS[opts.reward_version]
+    return reward_table({**REWARD_TERMS, **version.terms}, opts, version.weights)
+
+
+def _weight(term: str, help: str):
+    return option(
+        None,
+        f"reward weight: {help}; null: the reward version's (v1 "
+        f"{REWARD_VERSIONS['v1'].weights.get(term, 0.0):g}, v2 "
+        f"{REWARD_VERSIONS['v2'].weights.get(term, 0.0):g})",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,6 +240,14 @@ class MicroduckBalanceConfig(BatchedEnvConfig):
         "after the current 48 and before any privileged entries); a push shows in how the "
         "gyro, gravity and joints move from step to step; 0-8",
     )
+    rew_upright: Optional[float] = _weight("upright", "max(0, cosine of the trunk's tilt)")
+    rew_height: Optional[float] = _weight(
+        "height", "trunk height (v1: Gaussian around the stand height; v2: height / stand, 0-1)"
+    )
+    rew_posture: Optional[float] = _weight("posture", "mean square joint distance from stand")
+    rew_action_rate: Optional[float] = _weight("action_rate", "mean square action change")
+    rew_joint_vel: Optional[float] = _weight("joint_vel", "mean square joint velocity")
+    rew_effort: Optional[float] = _weight("effort", "mean square actuator force")
     # Training-only options: the episodes the policy learns from, never the evaluated task.
     fall_termination: bool = option(
         False,
@@ -261,12 +274,19 @@ class MicroduckBalanceConfig(BatchedEnvConfig):
         training_only=True,
     )
 
+    def check(self) -> None:
+        check_balance_options(self)
+
 
 def check_balance_options(o) -> None:
     """The value checks of the balance options (``MicroduckBalanceConfig``, filled by
     :func:`balance_options`); each raises one line naming the value and the valid range."""
     if int(o.episode_steps) < 1:
         raise ValueError(f"episode_steps={o.episode_steps} is invalid; it must be >= 1")
+    for f in fields(o):
+        v = getattr(o, f.name)
+        if f.name.startswith("rew_") and v is not None and not math.isfinite(float(v)):
+            raise ValueError(f"{f.name}={v} is invalid; a reward weight must be finite")
     if not (0 <= int(o.obs_history) <= MAX_OBS_HISTORY):
         raise ValueError(
             f"obs_history={o.obs_history} is invalid; valid range: 0..{MAX_OBS_HISTORY}"
@@ -300,7 +320,7 @@ def check_balance_options(o) -> None:
 
 def balance_options(options: Dict[str, Any]) -> MicroduckBalanceConfig:
     """The balance task's options from keyword options (both envs), checked."""
-    return parse_options(MicroduckBalanceConfig, options, check_balance_options)
+    return parse_options(MicroduckBalanceConfig, options)
 
 
 def push_scale(o: MicroduckBalanceConfig, env_steps: int) -> float:
@@ -320,173 +340,8 @@ def push_slots(episode_steps: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# Model and variants
-# ---------------------------------------------------------------------------------------------
-
-
-def _hinges_of(spec: mujoco.MjSpec):
-    return [j for j in spec.joints if j.type == mujoco.mjtJoint.mjJNT_HINGE]
-
-
-def _add_backlash(spec: mujoco.MjSpec) -> None:
-    """A passive +/-BACKLASH_RAD hinge in series with every servo joint (same body, same axis)."""
-    for joint in _hinges_of(spec):
-        if joint.name not in ACTUATOR_NAMES:
-            continue
-        bl = joint.parent.add_joint()
-        bl.name = f"{joint.name}_backlash"
-        bl.type = mujoco.mjtJoint.mjJNT_HINGE
-        bl.axis = joint.axis
-        bl.range = [-BACKLASH_RAD, BACKLASH_RAD]
-        bl.limited = mujoco.mjtLimited.mjLIMITED_TRUE
-        bl.damping = [0.01, 0.0, 0.0]  # (linear, polynomial terms) in MuJoCo 4
-        bl.armature = 0.0005
-        bl.frictionloss = 0.0
-
-
-def _add_toes(spec: mujoco.MjSpec) -> None:
-    """A passive, spring-loaded toe hinge at the front of each foot."""
-    for side in ("left", "right"):
-        foot = spec.body(f"{side}_foot")
-        toe = foot.add_body()
-        toe.name = f"{side}_toe"
-        sole = spec.geom(f"{side}_foot")
-        toe.pos = [sole.pos[0] + sole.size[0], 0.0, sole.pos[2]]  # the front edge of the foot
-        j = toe.add_joint()
-        j.name = f"{side}_toe"
-        j.type = mujoco.mjtJoint.mjJNT_HINGE
-        j.axis = [0.0, 1.0, 0.0]
-        j.range = [-0.6, 0.3]
-        j.limited = mujoco.mjtLimited.mjLIMITED_TRUE
-        j.stiffness = [0.3, 0.0, 0.0]
-        j.damping = [0.01, 0.0, 0.0]
-        j.armature = 0.0002
-        j.frictionloss = 0.0
-        g = toe.add_geom()
-        g.name = f"{side}_toe"
-        g.type = mujoco.mjtGeom.mjGEOM_BOX
-        g.size = [0.01, sole.size[1], sole.size[2]]
-        g.pos = [0.01, 0.0, 0.0]
-        g.mass = 0.004
-
-
-@functools.lru_cache(maxsize=None)
-def prototype(variant: str = "default") -> mujoco.MjModel:
-    """The compiled model of a variant, built once per process. Do not modify it: copy it
-    (``copy.copy(model)`` is ``mj_copyModel``), as :func:`load_model` does."""
-    check_choice("variant", variant, VARIANTS)
-    path = str(asset_path("microduck.xml"))
-    if variant == "default":
-        return mujoco.MjModel.from_xml_path(path)
-    base = mujoco.MjModel.from_xml_path(path)
-    spec = mujoco.MjSpec.from_file(path)
-    {"backlash": _add_backlash, "toes": _add_toes}[variant](spec)
-    # The stand keyframe is written for the default joints; rebuild it by joint name (the
-    # variants' extra passive joints stand at 0).
-    key = spec.key("stand")
-    key_ctrl = list(key.ctrl)
-    spec.delete(key)
-    unkeyed = spec.compile()
-    qpos = unkeyed.qpos0.copy()
-    for j in range(base.njnt):
-        name = mujoco.mj_id2name(base, mujoco.mjtObj.mjOBJ_JOINT, j)
-        n = {0: 7, 1: 4}.get(int(base.jnt_type[j]), 1)
-        src, dst = base.jnt_qposadr[j], unkeyed.jnt_qposadr[unkeyed.joint(name).id]
-        qpos[dst : dst + n] = base.key_qpos[0, src : src + n]
-    key = spec.add_key()
-    key.name = "stand"
-    key.qpos = qpos
-    key.ctrl = key_ctrl
-    return spec.compile()
-
-
-def load_model(variant: str = "default") -> mujoco.MjModel:
-    """A private copy of a variant's model."""
-    return copy.copy(prototype(variant))
-
-
-@dataclass(frozen=True)
-class RobotIndex:
-    """Every name lookup the task needs, resolved once per model (variants move addresses)."""
-
-    nq: int
-    nv: int
-    nbody: int
-    key_id: int
-    trunk_id: int
-    floor_geom: int
-    root_dof: int  # qvel address of the trunk's free joint (linear velocity first)
-    act_ids: np.ndarray  # actuator ids in ACTUATOR_NAMES order
-    qpos_adr: np.ndarray  # qpos address of each servo joint
-    dof_adr: np.ndarray  # qvel address of each servo joint
-    stand_qpos: np.ndarray  # (nq,) the stand keyframe
-    stand: np.ndarray  # (14,) servo joint angles of the stand keyframe
-    lower: np.ndarray  # (14,) joint limits
-    upper: np.ndarray
-    sensors: Dict[str, slice]  # sensordata slices by name, plus joint_pos/joint_vel/joint_force
-
-    @classmethod
-    def of(cls, model: mujoco.MjModel) -> "RobotIndex":
-        jid = np.array([model.joint(n).id for n in ACTUATOR_NAMES])
-        key_id = model.key("stand").id
-        qpos_adr = model.jnt_qposadr[jid].copy()
-        root = model.joint("root").id
-        sensors = {}
-        for s in range(model.nsensor):
-            name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_SENSOR, s)
-            adr, dim = int(model.sensor_adr[s]), int(model.sensor_dim[s])
-            sensors[name] = slice(adr, adr + dim)
-        for group, prefix in (
-            ("joint_pos", "pos_"),
-            ("joint_vel", "vel_"),
-            ("joint_force", "frc_"),
-        ):
-            first = sensors[prefix + ACTUATOR_NAMES[0]].start
-            expected = [slice(first + k, first + k + 1) for k in range(NUM_ACTIONS)]
-            if [sensors[prefix + n] for n in ACTUATOR_NAMES] != expected:
-                raise ValueError(f"the {prefix}* sensors must be contiguous in actuator order")
-            sensors[group] = slice(first, first + NUM_ACTIONS)
-        stand_qpos = model.key_qpos[key_id].copy()
-        return cls(
-            nq=model.nq,
-            nv=model.nv,
-            nbody=model.nbody,
-            key_id=key_id,
-            trunk_id=model.body("trunk").id,
-            floor_geom=model.geom("floor").id,
-            root_dof=int(model.jnt_dofadr[root]),
-            act_ids=np.array([model.actuator(n).id for n in ACTUATOR_NAMES]),
-            qpos_adr=qpos_adr,
-            dof_adr=model.jnt_dofadr[jid].copy(),
-            stand_qpos=stand_qpos,
-            stand=stand_qpos[qpos_adr].copy(),
-            lower=model.jnt_range[jid, 0].copy(),
-            upper=model.jnt_range[jid, 1].copy(),
-            sensors=sensors,
-        )
-
-
-@functools.lru_cache(maxsize=None)
-def robot_index(variant: str = "default") -> RobotIndex:
-    return RobotIndex.of(prototype(variant))
-
-
-# ---------------------------------------------------------------------------------------------
 # Episode parameters: everything an episode draws
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class DomainParams:
-    """Physics of one episode under domain randomisation (absolute servo values, scale factors)."""
-
-    kp: float
-    damping: float
-    frictionloss: float
-    armature: float
-    force_limit: float
-    mass_scale: np.ndarray  # (nbody,) factor on each body's mass and inertia (world: 1.0)
-    friction_scale: float  # factor on the floor's sliding friction
 
 
 @dataclass
@@ -619,236 +474,306 @@ def check_episode_params(p: Any, robot: RobotIndex, episode_steps: int) -> Episo
 
 
 # ---------------------------------------------------------------------------------------------
-# Writing an episode's physics into a model (and restoring it exactly)
+# Observation, termination and event terms: f(env) -> one value (or one row) per env
 # ---------------------------------------------------------------------------------------------
 
 
-def apply_physics_params(
-    model: mujoco.MjModel,
-    nominal: Dict[str, np.ndarray],
-    robot: RobotIndex,
-    domain: Optional[DomainParams],
-) -> None:
-    """Restore the nominal fields, then (if ``domain``) write this episode's values.
+# observation terms
+def obs_joint_pos(env):
+    return env.joint_pos - env.stand
 
-    Values are always computed from the saved nominal arrays, never from the model's current
-    ones, so nothing compounds across episodes; with ``domain=None`` the model is restored
-    byte for byte. Derived constants (``mj_setConst``) are deliberately not recomputed.
+
+def obs_gyro(env):
+    return env.obs_gyro
+
+
+def obs_gravity(env):
+    return env.obs_gravity
+
+
+# termination terms (time_out: raylab.envs.core.terms)
+def fallen(env):
+    """Training only (``fall_termination``): the duck is down."""
+    return is_fallen(env.trunk_height, env.upright_cos)
+
+
+# event terms
+def reset_physics(env, env_ids):
+    """Restore each model's nominal physics, then write the episode's domain randomisation."""
+    for i in env_ids:
+        apply_physics_params(
+            env.sim.models[i], env.nominal, env.robot, env.episode_params[i].domain
+        )
+
+
+def reset_state(env, env_ids):
+    """Keyframe, the episode's initial state, one mj_forward; clear the action history."""
+    ctrl = np.zeros(env.sim.prototype.nu)
+    ctrl[env.robot.act_ids] = env.stand
+    for i in env_ids:
+        p = env.episode_params[i]
+        env.sim.reset_env(i, env.robot.key_id, p.qpos, p.qvel, ctrl)
+    env.step_count[env_ids] = 0
+    env.action[env_ids] = 0.0
+    env.prev_action[env_ids] = 0.0
+    env.action_history[env_ids] = 0.0
+
+
+def scheduled_push(env, env_ids=None):
+    """Pushes drawn for the episode: add (vx, vy) to the trunk on the scheduled control step."""
+    hit = (env.push_steps == env.step_count[:, None]) & env.stepping[:, None]
+    env.kick_mask[:] = hit.any(axis=1)
+    env.kick[:] = env.push_vel[np.arange(env.num_envs), hit.argmax(axis=1)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The task as tables
+# ---------------------------------------------------------------------------------------------
+
+OBSERVATIONS = (
+    ObsTerm("joint_pos", obs_joint_pos, NUM_ACTIONS, scale=1.0),
+    ObsTerm("joint_vel", obs_joint_vel, NUM_ACTIONS, scale=0.05),
+    ObsTerm("last_action", obs_action, NUM_ACTIONS, scale=1.0),
+    ObsTerm("gyro", obs_gyro, 3, scale=0.25),
+    ObsTerm("projected_gravity", obs_gravity, 3, scale=1.0),
+)
+
+
+# privileged_obs: critic-only entries after the policy's observation (PRIVILEGED_DIM).
+PRIVILEGED_OBSERVATIONS = (
+    ObsTerm("base_lin_vel", obs_base_lin_vel, 3),
+    ObsTerm("base_height", obs_base_height, 1),
+)
+
+TERMINATIONS = (TerminationTerm("time_out", time_out, time_out=True),)
+FALL_TERMINATION = TerminationTerm("fallen", fallen)  # with fall_termination (training only)
+
+EVENTS = (
+    EventTerm("physics", reset_physics, mode="reset"),
+    EventTerm("initial_state", reset_state, mode="reset"),
+    EventTerm("push", scheduled_push, mode="step"),
+)
+
+COMMANDS = ()  # balance has no command; the joystick tasks add theirs here
+
+
+# ---------------------------------------------------------------------------------------------
+# The vector env
+# ---------------------------------------------------------------------------------------------
+
+
+class MicroduckBalanceVecEnv(BatchedVecEnv):
+    """N Microducks stepped on T threads; a ``gymnasium.vector.VectorEnv``.
+
+    Options: the fields of ``MicroduckBalanceConfig`` plus ``num_threads``, ``allow_overcommit``,
+    ``autoreset_mode`` ("next_step" | "same_step") and ``info_mode``:
+
+    - ``"none"`` (default): ``infos`` is ``{}`` (in same_step mode it carries only ``final_obs``
+      and ``_final_obs`` on steps where an episode ended); safe under RLlib's DictInfoToList.
+    - ``"full"``: per-env arrays (``trunk_height``, ``upright_cos``, ``fallen``, ``pushed``,
+      ``step``, ``reward_terms`` dict), ``episode_params`` (object array) on reset, and
+      ``infos["log"]``: this step's ``reward/<term>`` means and ``Episode_Termination/<term>``
+      counts (plain floats/ints, so not DictInfoToList-compatible).
+
+    Logging statistics accumulate in both modes; :meth:`pop_log` returns and clears them.
     """
-    for name, value in nominal.items():
-        getattr(model, name)[:] = value
-    if domain is None:
-        return
-    a, dof = robot.act_ids, robot.dof_adr
-    model.actuator_gainprm[a, 0] = domain.kp
-    model.actuator_biasprm[a, 1] = -domain.kp
-    model.actuator_forcerange[a, 0] = -domain.force_limit
-    model.actuator_forcerange[a, 1] = domain.force_limit
-    model.dof_damping[dof] = domain.damping
-    model.dof_frictionloss[dof] = domain.frictionloss
-    model.dof_armature[dof] = domain.armature
-    model.body_mass[:] = nominal["body_mass"] * domain.mass_scale
-    model.body_inertia[:] = nominal["body_inertia"] * domain.mass_scale[:, None]
-    model.geom_friction[robot.floor_geom, 0] = (
-        nominal["geom_friction"][robot.floor_geom, 0] * domain.friction_scale
-    )
 
-
-# ---------------------------------------------------------------------------------------------
-# The reference environment
-# ---------------------------------------------------------------------------------------------
-
-
-def projected_gravity(quat: np.ndarray) -> Tuple[float, float, float]:
-    """Gravity direction (0, 0, -1) in the frame of the unit quaternion (w, x, y, z) given
-    unnormalised: it is normalised first."""
-    w, x, y, z = quat
-    norm = math.sqrt(w * w + x * x + y * y + z * z)
-    w, x, y, z = w / norm, x / norm, y / norm, z / norm
-    return (
-        -(2.0 * (x * z - w * y)),
-        -(2.0 * (y * z + w * x)),
-        -(1.0 - 2.0 * (x * x + y * y)),
-    )
-
-
-class MicroduckBalanceEnv(gym.Env):
-    """One Microduck that must keep standing under pushes (the reference implementation).
-
-    Options are the fields of :class:`MicroduckBalanceConfig`; the vector-only
-    ones (num_threads, autoreset_mode, allow_overcommit, info_mode) are accepted and ignored.
-    Seeding: ``reset(seed=s)`` seeds ``self.np_random`` with ``s`` (Gymnasium's rule), so env i of
-    the batched env reset with seed ``s`` equals this env reset with seed ``s + i``.
-    """
-
-    metadata = {"render_modes": [], "render_fps": 50}
-
-    def __init__(self, render_mode: Optional[str] = None, **options):
-        if render_mode is not None:
-            raise ValueError(f"render_mode={render_mode!r} is not supported; valid choices: None")
+    def _configure(self, options):
         self.opts = balance_options(options)
         self.reward_version = self.opts.reward_version
-        self.model = load_model(self.opts.variant)
-        self.data = mujoco.MjData(self.model)
         self.robot = robot_index(self.opts.variant)
-        self.nominal = nominal_physics(self.model)
-        self.actor_obs_dim = OBS_DIM * (1 + self.opts.obs_history)
-        dim = self.actor_obs_dim + (PRIVILEGED_DIM if self.opts.privileged_obs else 0)
-        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (dim,), np.float32)
-        self.action_space = gym.spaces.Box(-1.0, 1.0, (NUM_ACTIONS,), np.float32)
-        self.action_clip_count = 0  # action entries clipped to [-1, 1] since construction
-        self.params: Optional[EpisodeParams] = None
-        self.t = 0
-        self.ended = False
-        self.env_steps = 0  # this env's steps so far, for a training push curriculum
+        return prototype(self.opts.variant), N_SUBSTEPS
 
-    # -- reset -----------------------------------------------------------------------------
+    def _build(self) -> None:
+        n = self.num_envs
+        self._init_managers(
+            NUM_ACTIONS,
+            OBSERVATIONS,
+            PRIVILEGED_OBSERVATIONS if self.opts.privileged_obs else (),
+            rewards(self.opts),
+            TERMINATIONS + ((FALL_TERMINATION,) if self.opts.fall_termination else ()),
+            COMMANDS,
+            EVENTS,
+            history=self.opts.obs_history,
+        )
 
-    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
-        super().reset(seed=seed)
+        # Env state: plain arrays, one row per env.
+        self.stand = self.robot.stand
+        self.lower, self.upper = self.robot.lower, self.robot.upper
+        self.episode_steps = self.opts.episode_steps
+        self.action_scale = self.opts.action_scale
+        self.action = np.zeros((n, NUM_ACTIONS))  # the action taken on the last step
+        self.prev_action = np.zeros((n, NUM_ACTIONS))  # the one before it
+        self.action_history = np.zeros((n, MAX_LATENCY + 1, NUM_ACTIONS))  # oldest first
+        self.latency = np.zeros(n, dtype=np.int64)
+        self.sensor_noise = np.zeros(n, dtype=bool)
+        self.noise_rngs: List[Optional[np.random.Generator]] = [None] * n
+        self.episode_params: List[Optional[EpisodeParams]] = [None] * n
+        self.push_steps = np.full((n, 1), -1, dtype=np.int64)  # -1 pads unused slots
+        self.push_vel = np.zeros((n, 1, 2))
+        self.obs_gyro = np.zeros((n, 3))
+        self.obs_gravity = np.zeros((n, 3))
+        self.env_steps = 0  # steps of all envs so far, for a training push curriculum
+
+        # Survival statistics of the running episodes and of those finished since the last pop.
+        self._alive_steps = np.zeros(n, dtype=np.int64)  # steps not fallen (is_fallen)
+        self._height_sum = np.zeros(n)
+        self._finished = {"episodes": 0, "survival": 0.0, "trunk_height": 0.0}
+
+    # -- sensors -----------------------------------------------------------------------------
+
+    def _read_sensors(self) -> None:
+        """Views of the gathered sensordata as named (N, k) state arrays."""
+        self._read_body_sensors()
+        self.quat = self.sim.sensordata[:, self.robot.sensors["orientation"]]
+        self.upright_cos = -gravity_from_quat(self.quat)[:, 2]
+
+    def _observe(self, env_ids: np.ndarray) -> None:
+        """The observed gyro and gravity of ``env_ids``: one sensor-noise draw per env and
+        returned observation, from that episode's own noise stream."""
+        if env_ids.size == 0:
+            return
+        gyro = self.gyro[env_ids]
+        quat = self.quat[env_ids]
+        noisy = self.sensor_noise[env_ids]
+        if noisy.any():
+            draws = np.zeros((env_ids.size, 7))
+            for row in np.flatnonzero(noisy):
+                draws[row] = self.noise_rngs[env_ids[row]].standard_normal(7)
+            gyro[noisy] = gyro[noisy] + GYRO_NOISE_STD * draws[noisy, :3]
+            quat[noisy] = quat[noisy] + QUAT_NOISE_STD * draws[noisy, 3:]
+        self.obs_gyro[env_ids] = gyro
+        self.obs_gravity[env_ids] = gravity_from_quat(quat)
+
+    # -- reset -------------------------------------------------------------------------------
+
+    def reset(self, *, seed=None, options: Optional[dict] = None):
+        """Reset every env. ``seed=s`` seeds env i with ``s + i`` (a list gives one seed per env);
+        ``options={"episode_params": [p_0, ..., p_N-1]}`` replays drawn values (None entries
+        draw)."""
         replay = (options or {}).get("episode_params")
-        if replay is None:
-            factor = push_scale(self.opts, self.env_steps)
-            params = draw_episode_params(self.np_random, self.opts, self.robot, factor)
-        else:
-            params = check_episode_params(replay, self.robot, self.opts.episode_steps)
-        self.params = params
-        self.ended = False
+        if replay is not None and len(replay) != self.num_envs:
+            raise ValueError(f"episode_params has {len(replay)} entries for {self.num_envs} envs")
+        return super().reset(seed=seed, options=options)
 
-        apply_physics_params(self.model, self.nominal, self.robot, params.domain)
-        mujoco.mj_resetDataKeyframe(self.model, self.data, self.robot.key_id)
-        self.data.qpos[:] = params.qpos
-        self.data.qvel[:] = params.qvel
-        self.data.ctrl[self.robot.act_ids] = self.robot.stand
-        mujoco.mj_forward(self.model, self.data)
+    def _reset_all(self, env_ids: np.ndarray, options: Dict[str, Any]) -> None:
+        self._reset_envs(env_ids, options.get("episode_params"))
+        self._alive_steps[:] = 0  # episodes cut short by this reset are not counted
+        self._height_sum[:] = 0.0
 
-        self.t = 0
-        zeros = np.zeros(NUM_ACTIONS)
-        self.last_action = zeros
-        self.action_queue = collections.deque(
-            [zeros] * (params.latency + 1), maxlen=params.latency + 1
-        )
-        self.noise_rng = np.random.default_rng(params.noise_seed)
-        self.obs_history = None  # filled with the first observation
-        obs = self._observe(zeros)
-        info = {"episode_params": params.copy(), **self._state_info()}
-        return obs, info
+    def _reset_info(self) -> Dict[str, Any]:
+        info = self._state_info(np.zeros(self.num_envs, dtype=bool))
+        info["episode_params"] = self._params_array()
+        return info
 
-    # -- step ------------------------------------------------------------------------------
+    def _reset_envs(self, env_ids: np.ndarray, replay: Optional[Sequence] = None) -> None:
+        factor = push_scale(self.opts, self.env_steps)
+        for k, i in enumerate(env_ids):
+            p = None if replay is None else replay[k]
+            if p is None:
+                p = draw_episode_params(self.rngs[i], self.opts, self.robot, factor)
+            else:
+                p = check_episode_params(p, self.robot, self.episode_steps)
+            self.episode_params[i] = p
+            self.latency[i] = p.latency
+            self.sensor_noise[i] = p.sensor_noise
+            self.noise_rngs[i] = np.random.default_rng(p.noise_seed)
+        self._load_push_schedules(env_ids)
+        self.events.apply("reset", self, env_ids)
+        self.commands.reset(env_ids, self.rngs)
+        self._read_sensors()
 
-    def step(self, action):
-        if self.params is None:
-            raise RuntimeError("call reset() before step()")
-        if self.ended:
-            raise RuntimeError("the episode has ended; call reset()")
-        action = self._check_action(action)
+    def _load_push_schedules(self, env_ids: np.ndarray) -> None:
+        width = max(len(self.episode_params[i].push_steps) for i in env_ids)
+        if width > self.push_steps.shape[1]:
+            grow = width - self.push_steps.shape[1]
+            self.push_steps = np.pad(self.push_steps, ((0, 0), (0, grow)), constant_values=-1)
+            self.push_vel = np.pad(self.push_vel, ((0, 0), (0, grow), (0, 0)))
+        for i in env_ids:
+            p = self.episode_params[i]
+            k = len(p.push_steps)
+            self.push_steps[i] = -1
+            self.push_vel[i] = 0.0
+            self.push_steps[i, :k] = p.push_steps
+            self.push_vel[i, :k] = p.push_vel
 
-        # The servos get the action from `latency` steps ago.
-        self.action_queue.append(action)
-        delayed = self.action_queue[0]
-        target = np.clip(
-            self.robot.stand + self.opts.action_scale * delayed, self.robot.lower, self.robot.upper
-        )
-        self.data.ctrl[self.robot.act_ids] = target
+    def _params_array(self) -> np.ndarray:
+        out = np.empty(self.num_envs, dtype=object)
+        for i, p in enumerate(self.episode_params):
+            out[i] = p.copy()
+        return out
 
-        # A push adds (vx, vy) to the trunk's linear velocity before this step's physics.
-        hits = np.flatnonzero(self.params.push_steps == self.t)
-        pushed = hits.size > 0
-        if pushed:
-            dof = self.robot.root_dof
-            self.data.qvel[dof : dof + 2] += self.params.push_vel[hits[0]]
+    # -- step --------------------------------------------------------------------------------
 
-        mujoco.mj_step(self.model, self.data, N_SUBSTEPS)
-        mujoco.mj_forward(self.model, self.data)  # every observation channel on one timestamp
-        self.t += 1
-        self.env_steps += 1
+    def _apply_actions(self, actions: np.ndarray, act_ids: np.ndarray) -> None:
+        # Actions, latency and servo targets of the stepping envs.
+        n = self.num_envs
+        self.prev_action[act_ids] = self.action[act_ids]
+        self.action[act_ids] = actions[act_ids]
+        hist = self.action_history
+        hist[act_ids, :-1] = hist[act_ids, 1:]
+        hist[act_ids, -1] = actions[act_ids]
+        delayed = hist[np.arange(n), MAX_LATENCY - self.latency]
+        target = np.clip(self.stand + self.action_scale * delayed, self.lower, self.upper)
+        self.ctrl[:, self.robot.act_ids] = target
 
-        reward, terms = self._reward(action, self.last_action)
-        self.last_action = action
-        obs = self._observe(action)
-        state = self._state_info()
-        terminated = bool(self.opts.fall_termination and state["fallen"])
-        truncated = self.t >= self.opts.episode_steps
-        self.ended = terminated or truncated
-        info = {"reward_terms": terms, "pushed": pushed, **state}
+    def _after_physics(self, active: np.ndarray, resetting: np.ndarray):
+        n = self.num_envs
+        self.env_steps += int(active.sum())
+        reset_ids = np.flatnonzero(resetting)
+        self.commands.step(active, self.rngs)
+
+        self._read_sensors()
+        self._observe(np.arange(n))
+        obs = self.observations.compute(self, fresh=reset_ids).copy()
+        reward = self.rewards.compute(self, active).copy()
+        terminated, truncated = self.terminations.compute(self, active)
+        terminated, truncated = terminated.copy(), truncated.copy()
+        done = terminated | truncated
+        self._track_episodes(active, done)
+
+        info: Dict[str, Any] = {}
+        if self.info_mode == "full":
+            info = self._state_info(self.kick_mask)
+            full = self._full_step_info(active)
+            info["reward_terms"] = full["reward_terms"]
+            if reset_ids.size:
+                info["episode_params"] = self._params_array()
+                info["_episode_params"] = resetting.copy()
+            info["log"] = full["log"]
         return obs, reward, terminated, truncated, info
 
-    def _check_action(self, action) -> np.ndarray:
-        a = np.asarray(action, dtype=np.float64)
-        if a.shape != (NUM_ACTIONS,):
-            raise ValueError(f"action must have shape ({NUM_ACTIONS},), got {a.shape}")
-        if not np.all(np.isfinite(a)):
-            raise ValueError(f"action contains NaN or Inf: {a.tolist()}; actions must be finite")
-        clipped = np.clip(a, -1.0, 1.0)
-        self.action_clip_count += int(np.count_nonzero(clipped != a))
-        return clipped
-
-    # -- observation and reward ------------------------------------------------------------
-
-    def _observe(self, action: np.ndarray) -> np.ndarray:
-        q = self.data.qpos[self.robot.qpos_adr]
-        qd = self.data.qvel[self.robot.dof_adr]
-        gyro = self.data.sensor("gyro").data.copy()
-        quat = self.data.sensor("orientation").data.copy()
-        if self.params.sensor_noise:
-            n = self.noise_rng.standard_normal(7)
-            gyro = gyro + GYRO_NOISE_STD * n[:3]
-            quat = quat + QUAT_NOISE_STD * n[3:]
-        gravity = np.array(projected_gravity(quat))
-        raw = np.concatenate([q - self.robot.stand, qd, action, gyro, gravity])
-        obs = (raw * OBS_SCALE).astype(np.float32)
-        k = self.opts.obs_history
-        if k:  # the previous k observations, newest first (the first one k times at a reset)
-            if self.obs_history is None:
-                self.obs_history = collections.deque([obs] * k, maxlen=k)
-            past = list(self.obs_history)
-            self.obs_history.appendleft(obs)
-            obs = np.concatenate([obs, *past])
-        if not self.opts.privileged_obs:
-            return obs
-        extra = np.concatenate(
-            [self.data.sensor("local_linvel").data, self.data.sensor("trunk_pos").data[2:3]]
-        )
-        return np.concatenate([obs, extra.astype(np.float32)])
-
-    def _trunk_height(self) -> float:
-        return float(self.data.xpos[self.robot.trunk_id, 2])
-
-    def _upright_cos(self) -> float:
-        """Cosine of the trunk's tilt: z of its up axis, from the true orientation sensor."""
-        return -projected_gravity(self.data.sensor("orientation").data)[2]
-
-    def _reward(self, action: np.ndarray, prev_action: np.ndarray):
-        h = self._trunk_height()
-        q = self.data.qpos[self.robot.qpos_adr]
-        qd = self.data.qvel[self.robot.dof_adr]
-        tau = self.data.actuator_force[self.robot.act_ids]
-        dq = q - self.robot.stand
-        da = action - prev_action
-        raw = {"upright": max(0.0, self._upright_cos())}
-        if self.reward_version == "v1":
-            e = (h - STAND_HEIGHT) / HEIGHT_SIGMA
-            raw["height"] = float(np.exp(-0.5 * e * e))
-            raw["posture"] = float(np.mean(dq * dq))
-            raw["action_rate"] = float(np.mean(da * da))
-            raw["joint_vel"] = float(np.mean(qd * qd))
-            raw["effort"] = float(np.mean(tau * tau))
-        else:
-            raw["height"] = min(max(h / STAND_HEIGHT, 0.0), 1.0)
-            raw["action_rate"] = float(np.mean(da * da))
-            raw["joint_vel"] = float(np.mean(qd * qd))
-        reward = 0.0
-        terms = {}
-        for term in REWARDS[self.reward_version]:
-            terms[term.name] = term.weight * raw[term.name]
-            reward += terms[term.name]
-        return reward, terms
-
-    def _state_info(self) -> Dict[str, Any]:
-        h, up = self._trunk_height(), self._upright_cos()
+    def _state_info(self, pushed: np.ndarray) -> Dict[str, np.ndarray]:
         return {
-            "trunk_height": h,
-            "upright_cos": up,
-            "fallen": bool(is_fallen(h, up)),
-            "step": self.t,
+            "trunk_height": self.trunk_height.copy(),
+            "upright_cos": self.upright_cos.copy(),
+            "fallen": is_fallen(self.trunk_height, self.upright_cos),
+            "pushed": pushed.copy(),
+            "step": self.step_count.copy(),
         }
+
+    # -- logging -----------------------------------------------------------------------------
+
+    def _track_episodes(self, active: np.ndarray, done: np.ndarray) -> None:
+        self._alive_steps += active & ~is_fallen(self.trunk_height, self.upright_cos)
+        self._height_sum += np.where(active, self.trunk_height, 0.0)
+        if done.any():
+            steps = self.step_count[done]
+            self._finished["episodes"] += int(done.sum())
+            self._finished["survival"] += float(np.sum(self._alive_steps[done] / steps))
+            self._finished["trunk_height"] += float(np.sum(self._height_sum[done] / steps))
+            self._alive_steps[done] = 0
+            self._height_sum[done] = 0.0
+
+    def pop_episode_stats(self) -> Dict[str, float]:
+        """Over the episodes finished since the last call: their number, mean survival (fraction
+        of steps not fallen, :func:`~raylab.envs.robots.microduck.is_fallen`) and mean trunk
+        height (m); then clear them."""
+        f = self._finished
+        n = f["episodes"]
+        out = {"episodes": n}
+        if n:
+            out["survival"] = f["survival"] / n
+            out["trunk_height"] = f["trunk_height"] / n
+        self._finished = {"episodes": 0, "survival": 0.0, "trunk_height": 0.0}
+        return out

@@ -26,6 +26,12 @@ import mujoco
 
 from raylab.envs import asset_path
 from raylab.envs.core.managers import ObsTerm
+from raylab.envs.robots.microduck import (
+    ACTUATOR_NAMES,
+    FRICTION_SCALE_RANGE,
+    MASS_SCALE_RANGE,
+    NUM_ACTIONS,
+)
 from raylab.envs.tasks import option, option_range
 from raylab.envs.tasks.legged_joystick import (
     DomainRanges,
@@ -40,12 +46,6 @@ from raylab.envs.tasks.legged_joystick import (
     obs_gyro,
     obs_joint_pos,
     obs_joint_vel,
-)
-from raylab.envs.tasks.microduck_balance import (
-    ACTUATOR_NAMES,
-    FRICTION_SCALE_RANGE,
-    MASS_SCALE_RANGE,
-    NUM_ACTIONS,
 )
 
 FEET = ("left", "right")

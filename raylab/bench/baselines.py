@@ -21,8 +21,8 @@ from typing import Any, Dict, Optional, Sequence
 import numpy as np
 
 from raylab.bench.common import machine_info
-from raylab.envs.tasks.microduck_balance import NUM_ACTIONS
-from raylab.envs.tasks.microduck_balance_vec import MicroduckBalanceVecEnv
+from raylab.envs.robots.microduck import NUM_ACTIONS
+from raylab.envs.tasks.microduck_balance import MicroduckBalanceVecEnv
 
 
 def run_baselines(
@@ -36,7 +36,7 @@ def run_baselines(
 
     For each reward version, policy and seed: ``episodes`` envs reset with ``seed * 1000`` (env
     i gets ``seed * 1000 + i``), one full episode each. Survival is the fraction of steps not
-    fallen (the task's one definition, :func:`raylab.envs.tasks.microduck_balance.is_fallen`);
+    fallen (the task's one definition, :func:`raylab.envs.robots.microduck.is_fallen`);
     ``upright_at_end`` the fraction of episodes whose last step is not fallen.
     """
     out: Dict[str, Any] = {"episodes_per_seed": episodes, "seeds": list(seeds), "options": options}

@@ -412,6 +412,9 @@ def test_appo_takes_headroom_within_10_minutes(tmp_path):
         "training.total_steps=1000000000",
         f"training.eval_episodes={LEARNING_EPISODES}",
         f"training.eval_seed={LEARNING_SEED}",
+        # Evaluate twice as often as the default: the run stops at the first evaluation past
+        # the bar, so this decides how soon after learning the test ends.
+        "training.eval_every=50",
         f"training.stop_eval_reward={stop_at:.3f}",
         "resources.dashboard=false",
         "training.terminal=plain",

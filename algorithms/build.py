@@ -109,7 +109,20 @@ def use_fast_sampler(cfg: DictConfig) -> bool:
     """Whether PPO / APPO EnvRunners use raylab's rollout loop (``training.fast_sampler``; its
     values are checked when the config is composed)."""
     want = cfg.training.fast_sampler
-    return cfg.task in TASKS if want is None else bool(want)
+    return continuous_actions(cfg) if want is None else bool(want)
+
+
+def continuous_actions(cfg: DictConfig) -> bool:
+    """Whether the task's actions are a Box (every raylab task; a Gymnasium id is asked)."""
+    if cfg.task in TASKS:
+        return True
+    import gymnasium as gym
+
+    env = gym.make(cfg.env.gym_id, **dict(cfg.env.kwargs or {}))
+    try:
+        return isinstance(env.action_space, gym.spaces.Box)
+    finally:
+        env.close()
 
 
 def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):

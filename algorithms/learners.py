@@ -107,6 +107,10 @@ class _TimedLearnerMixin:
 
     def after_gradient_based_update(self, *, timesteps):
         super().after_gradient_based_update(timesteps=timesteps)
+        for module_id in self.module.keys():
+            norm = self._obs_norm(module_id)
+            if norm is not None:
+                norm.commit()  # this update's observations join the statistics now
         t0 = getattr(self, "_learning_t0", None)
         if t0 is not None and self.timeline.on_owner_thread():
             now = time.perf_counter()
@@ -145,14 +149,17 @@ class _TimedLearnerMixin:
         self._updates_lifetime = getattr(self, "_updates_lifetime", 0) + 1
         self._record_batch_stats(module_id, batch, loss)
         # algo.normalize_obs: this minibatch was normalised with the statistics it was sampled
-        # with; now they take it in (raylab.algorithms.modules.RunningObsNorm).
+        # with; it joins them after the whole update (raylab.algorithms.modules.RunningObsNorm).
+        norm = self._obs_norm(module_id)
+        if norm is not None:
+            norm.collect(batch[Columns.OBS], batch.get(Columns.LOSS_MASK))
+        return loss
+
+    def _obs_norm(self, module_id: str):
         module = self.module[module_id]
-        norm = getattr(
+        return getattr(
             module.unwrapped() if hasattr(module, "unwrapped") else module, "obs_norm", None
         )
-        if norm is not None:
-            norm.update(batch[Columns.OBS], batch.get(Columns.LOSS_MASK))
-        return loss
 
     def _record_batch_stats(self, module_id: str, batch: Dict[str, Any], loss) -> None:
         """Loss and policy statistics through the stats tracker, masks as denominators."""

@@ -16,9 +16,13 @@ default one would be built (EnvRunners, Learners, checkpoints, ``raylab eval``).
 shifted and scaled by the running mean and std of every observation trained on, then clipped to
 [-10, 10]. The statistics are buffers of the module, so they travel with the weights: the
 EnvRunners act, the evaluation evaluates and a checkpoint restores with exactly the statistics
-of the weights they hold, and nothing else has to be synchronised. The Learner updates them
-from each train batch's valid steps (which come from every EnvRunner), after the loss of that
-minibatch, so a minibatch is always normalised as the policy saw it when it was computed.
+of the weights they hold, and nothing else has to be synchronised. The Learner collects each
+minibatch's valid steps (which come from every EnvRunner) as it computes their loss and merges
+them into the statistics once the whole update is done: during an update every minibatch is
+normalised exactly as the EnvRunners normalised it when they sampled it (the statistics they
+held), so the probability ratios start at 1. Updating after every minibatch instead moved the
+normalisation under the policy within one update, most of all early on, when the first 64
+observations replaced the identity.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class RunningObsNorm(torch.nn.Module):
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
         self.register_buffer("mean", torch.zeros(dim, dtype=torch.float64))
         self.register_buffer("var", torch.ones(dim, dtype=torch.float64))
+        self._pending = None  # (count, sum, sum of squares) collected since the last commit
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         # In float32 from float32 statistics: RLlib hands module state on (weight syncs,
@@ -61,18 +66,42 @@ class RunningObsNorm(torch.nn.Module):
         std = torch.sqrt(self.var.to(torch.float32) + self.eps)
         return torch.clamp((obs - mean) / std, -OBS_CLIP, OBS_CLIP).to(obs.dtype)
 
+    @staticmethod
+    def _rows(obs: torch.Tensor, mask=None) -> torch.Tensor:
+        x = obs.reshape(-1, obs.shape[-1]).to(torch.float64)
+        return x if mask is None else x[mask.reshape(-1).bool()]
+
     @torch.no_grad()
     def update(self, obs: torch.Tensor, mask=None) -> None:
         """Merge the statistics of ``obs`` (rows where ``mask`` is true) into the running ones
-        (Chan et al.'s parallel update: the result equals the statistics of all rows seen)."""
-        x = obs.reshape(-1, obs.shape[-1]).to(torch.float64)
-        if mask is not None:
-            x = x[mask.reshape(-1).bool()]
-        n = x.shape[0]
-        if n == 0:
+        now."""
+        x = self._rows(obs, mask)
+        if x.shape[0]:
+            self._merge(x.shape[0], x.mean(dim=0), x.var(dim=0, unbiased=False))
+
+    @torch.no_grad()
+    def collect(self, obs: torch.Tensor, mask=None) -> None:
+        """Keep the rows of ``obs`` (where ``mask`` is true) for the next :meth:`commit`; the
+        normalisation does not change until then."""
+        x = self._rows(obs, mask)
+        if not x.shape[0]:
             return
-        batch_mean = x.mean(dim=0)
-        batch_var = x.var(dim=0, unbiased=False)
+        part = (x.shape[0], x.sum(dim=0), (x * x).sum(dim=0))
+        p = self._pending
+        self._pending = part if p is None else (p[0] + part[0], p[1] + part[1], p[2] + part[2])
+
+    @torch.no_grad()
+    def commit(self) -> None:
+        """Merge every row collected since the last commit into the running statistics."""
+        if self._pending is None:
+            return
+        n, total, squares = self._pending
+        self._pending = None
+        mean = total / n
+        self._merge(n, mean, torch.clamp(squares / n - mean * mean, min=0.0))
+
+    def _merge(self, n: int, batch_mean: torch.Tensor, batch_var: torch.Tensor) -> None:
+        """Chan et al.'s parallel update: the result equals the statistics of all rows seen."""
         total = self.count + n
         delta = batch_mean - self.mean
         m2 = self.var * self.count + batch_var * n + delta * delta * self.count * n / total

@@ -480,11 +480,14 @@ def _check_fast_sampler(cfg: DictConfig) -> None:
             "(its learner-owned replay needs flat transitions); use training.fast_sampler=null"
         )
     if want and cfg.task not in TASKS:
-        raise UserError(
-            f"training.fast_sampler=true needs a raylab task ({', '.join(TASKS)}); "
-            f"'{cfg.task}' is a Gymnasium id, which RLlib's EnvRunner samples: use "
-            "training.fast_sampler=null or false"
-        )
+        from raylab.algorithms.build import continuous_actions
+
+        if not continuous_actions(cfg):
+            raise UserError(
+                f"training.fast_sampler=true needs continuous (Box) actions; '{cfg.task}' has "
+                "discrete ones, which RLlib's EnvRunner samples: use training.fast_sampler=null "
+                "or false"
+            )
 
 
 def _check_privileged_obs(cfg: DictConfig) -> None:

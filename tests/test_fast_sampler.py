@@ -26,6 +26,8 @@ SHORT = ["env.num_envs=4", "training.seed=3", "env.episode_steps=60", "env.num_p
 
 def _runners(algo: str, task: str = "microduck_balance"):
     short = SHORT if task == "microduck_balance" else [o for o in SHORT if "push" not in o]
+    if task == "Pendulum-v1":  # a Gymnasium id (Box actions in [-2, 2]), 60-step episodes
+        short = ["env.num_envs=4", "training.seed=3", "env.kwargs.max_episode_steps=60"]
     cfg = compose(algo, task, overrides=short)
     config = build_algorithm_config(cfg).env_runners(rollout_fragment_length=32)
     fast = RaylabFastEnvRunner(config=config, worker_index=1)
@@ -40,7 +42,12 @@ def _key(episode):
 
 @pytest.mark.parametrize(
     "algo, task",
-    [("ppo", "microduck_balance"), ("appo", "microduck_balance"), ("ppo", "go2_joystick_flat")],
+    [
+        ("ppo", "microduck_balance"),
+        ("appo", "microduck_balance"),
+        ("ppo", "go2_joystick_flat"),
+        ("ppo", "Pendulum-v1"),
+    ],
 )
 def test_fast_path_equals_rllibs_loop_bit_for_bit_through_autoresets(algo, task):
     fast, stock = _runners(algo, task)
@@ -69,7 +76,7 @@ def test_fast_path_equals_rllibs_loop_bit_for_bit_through_autoresets(algo, task)
             finished += x.is_done
             steps += len(x)
     assert steps == 6 * 128
-    if task == "microduck_balance":
+    if task in ("microduck_balance", "Pendulum-v1"):
         assert finished == 12  # every env's 60-step episodes ended and autoreset three times
     else:
         assert finished >= 12  # the quadruped also terminates when it falls
@@ -150,17 +157,21 @@ def test_env_actions_are_rllibs_unsquash_and_clip():
         np.testing.assert_array_equal(unsquash_action(row, space), mine)
 
 
-def test_the_fast_path_is_the_default_for_raylab_tasks_and_a_switch_turns_it_off():
+def test_the_fast_path_is_the_default_for_box_actions_and_a_switch_turns_it_off():
     appo = build_algorithm_config(compose("appo", "microduck_balance"))
     assert appo.env_runner_cls is RaylabFastEnvRunner
     off = compose("ppo", "microduck_balance", overrides=["training.fast_sampler=false"])
     assert (
         not use_fast_sampler(off) and build_algorithm_config(off).env_runner_cls is RaylabEnvRunner
     )
-    gym_id = build_algorithm_config(compose("ppo", "Pendulum-v1"))
-    assert gym_id.env_runner_cls is RaylabEnvRunner  # RLlib's loop for any Gymnasium id
-    with pytest.raises(UserError, match="needs a raylab task"):
-        compose("ppo", "Pendulum-v1", overrides=["training.fast_sampler=true"])
+    # A Gymnasium id with Box actions too; discrete actions take RLlib's loop, and asking for
+    # raylab's is refused.
+    assert build_algorithm_config(compose("ppo", "Pendulum-v1")).env_runner_cls is (
+        RaylabFastEnvRunner
+    )
+    assert build_algorithm_config(compose("ppo", "CartPole-v1")).env_runner_cls is (RaylabEnvRunner)
+    with pytest.raises(UserError, match="needs continuous"):
+        compose("ppo", "CartPole-v1", overrides=["training.fast_sampler=true"])
     with pytest.raises(UserError, match="SAC always samples"):
         compose("sac", "microduck_balance", overrides=["training.fast_sampler=false"])
 

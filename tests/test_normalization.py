@@ -33,6 +33,32 @@ def test_running_statistics_equal_those_of_every_valid_row_seen():
     assert far[0, 0] == OBS_CLIP and far[0, 1] == -OBS_CLIP
 
 
+def test_an_update_is_normalised_with_the_statistics_it_was_sampled_with():
+    """The Learner collects each minibatch's rows and commits them after the whole update: the
+    normalisation is the EnvRunners' until then, and the commit gives the statistics of every
+    row, as if they had been merged one batch at a time."""
+    rng = np.random.default_rng(1)
+    first = torch.as_tensor(rng.normal(0.0, 1.0, size=(10, 3)), dtype=torch.float32)
+    batches = [rng.normal([3.0, -2.0, 50.0], [1.0, 2.0, 9.0], size=(64, 3)) for _ in range(5)]
+    masks = [rng.random(64) < 0.8 for _ in batches]
+    norm, reference = RunningObsNorm(3), RunningObsNorm(3)
+    norm.update(first)
+    reference.update(first)
+    probe = torch.as_tensor(batches[0], dtype=torch.float32)
+    sampled_with = norm(probe)
+    for x, m in zip(batches, masks):
+        norm.collect(torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(m))
+        torch.testing.assert_close(norm(probe), sampled_with, rtol=0, atol=0)  # unchanged
+        reference.update(torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(m))
+    norm.commit()
+    assert norm.count.item() == reference.count.item() == 10 + sum(int(m.sum()) for m in masks)
+    np.testing.assert_allclose(norm.mean.numpy(), reference.mean.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(norm.var.numpy(), reference.var.numpy(), rtol=1e-9)
+    assert not torch.equal(norm(probe), sampled_with)
+    norm.commit()  # nothing pending: no change
+    assert norm.count.item() == reference.count.item()
+
+
 def _on_learners(algo, fn):
     return [r.get() if hasattr(r, "get") else r for r in algo.learner_group.foreach_learner(fn)]
 

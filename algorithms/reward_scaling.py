@@ -15,6 +15,7 @@ checkpoint like the weights.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, List
 
 import numpy as np
@@ -23,6 +24,11 @@ from ray.rllib.connectors.connector_v2 import ConnectorV2
 from ray.rllib.core import DEFAULT_MODULE_ID
 
 OPEN_EPISODES_MAX = 100_000  # episode ids whose return is kept; the oldest go first
+
+# Writing the scaled rewards back into a finalised episode makes RLlib check each one against
+# the reward space with a NumPy scalar, and Gymnasium warns that it casts it: every train batch,
+# in the Learner's output. The values are float32 arrays already; the warning says nothing.
+warnings.filterwarnings("ignore", message=".*Casting input x to numpy array", category=UserWarning)
 
 
 class ScaleRewardsByReturnStd(ConnectorV2):

@@ -23,7 +23,14 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from raylab.envs.tasks import TASKS, EnvConfig, TaskSpec, option
+from raylab.envs.tasks import (
+    GYMNASIUM_ALGO_DEFAULTS,
+    GYMNASIUM_ENV_DEFAULTS,
+    TASKS,
+    EnvConfig,
+    TaskSpec,
+    option,
+)
 from raylab.errors import UserError, choices_hint
 
 SIMS = ("mujoco",)
@@ -307,8 +314,9 @@ def task_spec(task: str) -> TaskSpec:
 
     import raylab.envs  # noqa: F401  (registers raylab/ ids)
 
+    generic = dict(algo_defaults=GYMNASIUM_ALGO_DEFAULTS, env_defaults=GYMNASIUM_ENV_DEFAULTS)
     if task in gym.registry:
-        return TaskSpec(name=task, gym_id=task)
+        return TaskSpec(name=task, gym_id=task, **generic)
     module, sep, env_id = task.partition(":")
     if sep:  # Gymnasium's "module:EnvId": the module registers the id (also in the EnvRunners)
         import importlib
@@ -318,7 +326,7 @@ def task_spec(task: str) -> TaskSpec:
         except ImportError as e:
             raise UserError(f"--task {task}: cannot import module '{module}': {e}") from None
         if env_id in gym.registry:
-            return TaskSpec(name=task, gym_id=task)
+            return TaskSpec(name=task, gym_id=task, **generic)
         raise UserError(f"--task {task}: module '{module}' registers no Gymnasium id '{env_id}'")
     raise UserError(
         choices_hint(task, list(TASKS), "task")

@@ -132,6 +132,30 @@ def register_task(spec: TaskSpec) -> TaskSpec:
     return spec
 
 
+# PPO on any Gymnasium id (not a raylab task): the reference PPO's layout for continuous
+# control (one env, 2,048-step batches, 64-step minibatches, 10 epochs, learning rate annealed
+# to 0, std 1 at the start, 64-64 tanh networks, gradient norm clipped at 0.5) with observations
+# normalised and rewards scaled by the running return's std. raylab's robot-task PPO defaults
+# (8,192-step batches of 1,024, 5 epochs, log-std -1, 256-256, neither normalisation) learned
+# far below the reference returns on Gymnasium MuJoCo; these reach HalfCheetah-v5 about 1,600
+# at 500k env steps and its 1M steps in about 22 minutes on 2 cores (benchmarks/README.md,
+# "Parity with the reference implementations").
+GYMNASIUM_ALGO_DEFAULTS = {
+    "ppo": {
+        "train_batch_size": 2048,
+        "minibatch_size": 64,
+        "num_epochs": 10,
+        "lr": 3e-4,
+        "lr_schedule": "linear",
+        "init_log_std": 0.0,
+        "hidden": [64, 64],
+        "grad_clip": 0.5,
+        "normalize_obs": True,
+        "scale_rewards": True,
+    },
+}
+GYMNASIUM_ENV_DEFAULTS = {"ppo": {"num_envs": 1}}
+
 # Envs per EnvRunner for the MuJoCo robot tasks: on-policy batches from 32 envs; SAC's one
 # update per env step keeps its envs fewer.
 ROBOT_ENV_DEFAULTS = {"appo": {"num_envs": 32}, "ppo": {"num_envs": 32}, "sac": {"num_envs": 8}}

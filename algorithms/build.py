@@ -113,12 +113,17 @@ def use_fast_sampler(cfg: DictConfig) -> bool:
 
 
 def continuous_actions(cfg: DictConfig) -> bool:
-    """Whether the task's actions are a Box (every raylab task; a Gymnasium id is asked)."""
+    """Whether the task's actions are a Box (every raylab task; a Gymnasium id is asked). An
+    env that cannot be built here counts as not: RLlib's EnvRunners then build it and the run
+    stops with its error, as for any env."""
     if cfg.task in TASKS:
         return True
     import gymnasium as gym
 
-    env = gym.make(cfg.env.gym_id, **dict(cfg.env.kwargs or {}))
+    try:
+        env = gym.make(cfg.env.gym_id, **dict(cfg.env.kwargs or {}))
+    except Exception:  # noqa: BLE001 - the EnvRunners build it again and report its error
+        return False
     try:
         return isinstance(env.action_space, gym.spaces.Box)
     finally:

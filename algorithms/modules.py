@@ -92,11 +92,23 @@ class RunningObsNorm(torch.nn.Module):
 
     @torch.no_grad()
     def commit(self) -> None:
-        """Merge every row collected since the last commit into the running statistics."""
-        if self._pending is None:
+        """Merge every row collected since the last commit into the running statistics. With
+        several Learners (a torch.distributed group) the rows of every Learner join, so all of
+        them hold equal statistics, as they hold equal weights; every Learner must call it."""
+        pending, self._pending = self._pending, None
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            dim = self.mean.shape[0]
+            flat = torch.zeros(1 + 2 * dim, dtype=torch.float64, device=self.mean.device)
+            if pending is not None:
+                flat[0] = pending[0]
+                flat[1 : 1 + dim] = pending[1]
+                flat[1 + dim :] = pending[2]
+            torch.distributed.all_reduce(flat)
+            n = float(flat[0])
+            pending = (n, flat[1 : 1 + dim], flat[1 + dim :]) if n > 0 else None
+        if pending is None:
             return
-        n, total, squares = self._pending
-        self._pending = None
+        n, total, squares = pending
         mean = total / n
         self._merge(n, mean, torch.clamp(squares / n - mean * mean, min=0.0))
 

@@ -40,13 +40,22 @@ def run_main(*args: str) -> SimpleNamespace:
 
 def wait_for_tune_snapshot(root: Path, after: float, timeout: float = 30.0) -> None:
     """Poll until Tune has written its experiment state (which checkpoint a resume restores)
-    somewhere under ``root`` later than ``after`` (time.time()). Tune snapshots at most every
-    TUNE_GLOBAL_CHECKPOINT_S (5 s, set by raylab.train.init_ray)."""
+    somewhere under ``root`` later than ``after`` (time.time()), whole: Tune rewrites the file
+    in place, and a driver killed while it was half written left an empty file, from which a
+    resume starts a new trial instead. Tune snapshots at most every TUNE_GLOBAL_CHECKPOINT_S
+    (5 s, set by raylab.train.init_ray)."""
+    import json
     import time
+
+    def written(path: Path) -> bool:
+        try:
+            return path.stat().st_mtime > after and bool(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            return False
 
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if any(p.stat().st_mtime > after for p in root.rglob("experiment_state*.json")):
+        if any(written(p) for p in root.rglob("experiment_state*.json")):
             return
         time.sleep(0.2)
     raise AssertionError(f"Tune wrote no experiment state under {root} within {timeout:.0f} s")
@@ -269,6 +278,7 @@ MODULE_SECONDS = {
     "test_progress.py": 225,
     "test_cluster_placement.py": 165,
     "test_jobs.py": 105,
+    "test_gym_learning.py": 110,
     "test_multi_learner.py": 70,
     "test_tune_futures.py": 40,
 }

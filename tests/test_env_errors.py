@@ -78,8 +78,12 @@ def test_error_line_is_the_innermost_cause_on_one_line():
         assert error_line(e) == "ValueError: joint 3 reads NaN"
 
 
+# PPO and SAC: both EnvRunner classes (raylab's rollout loop, which APPO shares, and SAC's)
+# and both ways of collecting (PPO waits for its samples, SAC fetches them asynchronously, as
+# APPO does). APPO's run with an env that raises on every step after a while is the soak's
+# failing physics worker (tests/test_soak.py), which stops with the env's error as well.
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["ppo", "appo", "sac"])
+@pytest.mark.parametrize("algo", ["ppo", "sac"])
 def test_an_env_that_raises_on_step_stops_the_run_with_its_error(algo, tmp_path, head):
     r, wall = _train(algo, "raylab_test/FailsOnStep-v0", tmp_path, head)
     assert r.returncode == 1, r.stderr[-4000:]

@@ -8,6 +8,7 @@ run_summary.json with its runtime manifest, checkpoints, and what `raylab eval` 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -369,14 +370,17 @@ def test_corrupt_checkpoint_is_one_line(runs, tmp_path):
 # (training.stop_eval_reward), or after 10 minutes; then `raylab eval` of the run's best
 # checkpoint, restored, must take the bar. A policy that learns ends the test early; one that
 # does not runs the whole budget and fails: the same command with algo.lr=0 evaluates 0.000
-# every time (its policy holds the pose). The bar is on the episodes the best checkpoint was
-# chosen on, so it includes that choice's luck: twice the bar to stop, the bar to pass.
+# every time (its policy holds the pose). The run stops at the first evaluation past the bar:
+# `raylab eval` replays the same 100 deterministic episodes
+# (test_raylab_eval_reproduces_the_evaluation_during_training), so what it checks is that the
+# restored checkpoint is the policy that was evaluated, on the same footing. (Stopping at twice
+# the bar, as before, ran the whole 10 minutes in CI: 632 s of a 40-minute suite.)
 # Measured on this machine kind (docs/testing.md): default 7-minute runs took 0.246 and 0.123
 # (their best checkpoints), a 10-minute one 0.207; in-training evaluations pass 0.16 at
 # 0.9-1.1 M env steps (5-6 minutes); a default run that had half the machine for 7 minutes
 # (0.70 M steps) took -0.015.
 LEARNING_HEADROOM = 0.08
-LEARNING_STOP_AT = 2 * LEARNING_HEADROOM
+LEARNING_STOP_AT = LEARNING_HEADROOM
 LEARNING_BUDGET_S = 600
 LEARNING_EPISODES, LEARNING_SEED = 100, 1000
 
@@ -399,7 +403,8 @@ def test_appo_takes_headroom_within_10_minutes(tmp_path):
         cache_dir=cache / "raylab" / "baselines",
     )
     hold, no_push = base["hold_pose"]["mean_return"], base["no_push"]["mean_return"]
-    stop_at = hold + LEARNING_STOP_AT * (no_push - hold)
+    # rounded up: a run stopped by the rounded value must also be past the bar itself
+    stop_at = math.ceil(1000 * (hold + LEARNING_STOP_AT * (no_push - hold))) / 1000
     run_dir = tmp_path / "run"
     r = run_cli(
         "train",

@@ -33,7 +33,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from raylab.envs.core.backend import usable_cores  # noqa: F401  (also this module's public name)
 from raylab.errors import UserError
@@ -290,6 +290,14 @@ def machine_check(threads_needed: int = 1, interval: float = 0.5) -> Dict[str, A
 
 
 # ------------------------------------------------------------------------------- result
+
+
+def round_order(names: Sequence, rounds: int) -> List[Tuple[int, Any]]:
+    """(round, name) in the order a benchmark runs them: every name once per round, the order
+    reversed every other round (A B, B A, A B, ...), so that neither side always runs first
+    or last while the machine drifts."""
+    names = list(names)
+    return [(r, n) for r in range(rounds) for n in (names if r % 2 == 0 else names[::-1])]
 
 
 def command_line(prog: str, argv: Sequence[str]) -> str:

@@ -496,14 +496,13 @@ def run_compare(
         for key in order:
             contenders[key].window(warmup)
         windows: Dict[tuple, List[Dict[str, float]]] = {k: [] for k in order}
-        for r in range(rounds):
-            for key in order if r % 2 == 0 else order[::-1]:
-                w = contenders[key].window(seconds)
-                windows[key].append(_summary_of(w))
-                _say(
-                    f"  round {r}  {key[1]:<8} W={key[0]:<2} {w['rate']:>10,.0f} env-steps/s"
-                    f"  ({w['cpu_rate']:,.0f} per CPU-s)"
-                )
+        for r, key in C.round_order(order, rounds):
+            w = contenders[key].window(seconds)
+            windows[key].append(_summary_of(w))
+            _say(
+                f"  round {r}  {key[1]:<8} W={key[0]:<2} {w['rate']:>10,.0f} env-steps/s"
+                f"  ({w['cpu_rate']:,.0f} per CPU-s)"
+            )
     finally:
         for c in contenders.values():
             c.close()

@@ -485,44 +485,43 @@ def run_train_bench(
         init_ray(cfg)
         measure_ref(None)
         space = _spaces(cfg)
-        for r in range(rounds):
-            for name in contenders if r % 2 == 0 else contenders[::-1]:
-                if name == "torch_limit":
-                    out = {
-                        "contender": name,
-                        **torch_sac_update_rate(
-                            space[0],
-                            space[1],
-                            list(cfg.algo.hidden),
-                            cfg.algo.activation,
-                            cfg.algo.batch_size,
-                            torch_limit_s,
-                            threads=max(1, int(cfg.resources.num_cpus_per_learner)),
-                            gamma=cfg.algo.gamma,
-                            tau=cfg.algo.tau,
-                            grad_clip=cfg.algo.grad_clip,
-                        ),
-                    }
-                    out["env_steps_per_s"] = None
-                    _say(
-                        f"  round {r}  torch_limit {out['updates_per_s']:,.1f} updates/s "
-                        f"({out['threads']} torch thread(s), the learner's)"
-                    )
-                else:
-                    side, _, variant = name.partition("@")
-                    out = train_run(side, cfg_of.get(variant, cfg), seconds, warmup)
-                    out["contender"] = name
-                    _say(
-                        f"  round {r}  {name:<11} {out['env_steps_per_s']:,.1f} env-steps/s, "
-                        f"{out['updates_per_s']:,.1f} updates/s over {out['seconds']:.0f} s "
-                        f"({out['iterations']} iterations; build {out['build_s']:.0f} s, "
-                        f"warm-up {out['warmup_s']:.0f} s)"
-                    )
-                out["round"] = r
-                runs.append(out)
-                if name != "torch_limit":
-                    time.sleep(SETTLE_S)  # let the stopped actors' processes exit
-                measure_ref(f"{name}#{r}")
+        for r, name in C.round_order(contenders, rounds):
+            if name == "torch_limit":
+                out = {
+                    "contender": name,
+                    **torch_sac_update_rate(
+                        space[0],
+                        space[1],
+                        list(cfg.algo.hidden),
+                        cfg.algo.activation,
+                        cfg.algo.batch_size,
+                        torch_limit_s,
+                        threads=max(1, int(cfg.resources.num_cpus_per_learner)),
+                        gamma=cfg.algo.gamma,
+                        tau=cfg.algo.tau,
+                        grad_clip=cfg.algo.grad_clip,
+                    ),
+                }
+                out["env_steps_per_s"] = None
+                _say(
+                    f"  round {r}  torch_limit {out['updates_per_s']:,.1f} updates/s "
+                    f"({out['threads']} torch thread(s), the learner's)"
+                )
+            else:
+                side, _, variant = name.partition("@")
+                out = train_run(side, cfg_of.get(variant, cfg), seconds, warmup)
+                out["contender"] = name
+                _say(
+                    f"  round {r}  {name:<11} {out['env_steps_per_s']:,.1f} env-steps/s, "
+                    f"{out['updates_per_s']:,.1f} updates/s over {out['seconds']:.0f} s "
+                    f"({out['iterations']} iterations; build {out['build_s']:.0f} s, "
+                    f"warm-up {out['warmup_s']:.0f} s)"
+                )
+            out["round"] = r
+            runs.append(out)
+            if name != "torch_limit":
+                time.sleep(SETTLE_S)  # let the stopped actors' processes exit
+            measure_ref(f"{name}#{r}")
     finally:
         if ref is not None:
             ref.close()
@@ -731,35 +730,33 @@ def run_sampler_bench(
         for runner in runners.values():
             runner.sample(num_timesteps=frag * n)  # warm-up: first reset, first forward
         env.window(0.5)
-        for r in range(rounds):
-            order = contenders if r % 2 == 0 else contenders[::-1]
-            for name in order:
-                if name == "env":
-                    w = env.window(seconds)
-                    rate, cpu_rate = w["rate"], w["cpu_rate"]
-                else:
-                    counted["steps"] = 0
-                    if name == TRACED:  # the same runner; its rollout loop reads trace.active()
-                        trace.configure({"dir": trace_dir}, f"sampler-{r}", "sampler bench")
-                    runner = runners["fast" if name == TRACED else name]
-                    try:
-                        w = C.run_window(sampler(runner), seconds, 1)
-                    finally:
-                        if name == TRACED:
-                            trace_events += trace.active().events
-                            trace.shutdown()
-                    rate = counted["steps"] / w["wall_s"]
-                    cpu_rate = counted["steps"] / w["cpu_s"] if w["cpu_s"] > 0 else float("nan")
-                rows.append(
-                    {
-                        "contender": name,
-                        "round": r,
-                        "env_steps_per_s": rate,
-                        "env_steps_per_cpu_s": cpu_rate,
-                        "wall_s": w["wall_s"],
-                    }
-                )
-                _say(f"  round {r}  {name:<6} {rate:,.0f} env-steps/s ({cpu_rate:,.0f} per CPU-s)")
+        for r, name in C.round_order(contenders, rounds):
+            if name == "env":
+                w = env.window(seconds)
+                rate, cpu_rate = w["rate"], w["cpu_rate"]
+            else:
+                counted["steps"] = 0
+                if name == TRACED:  # the same runner; its rollout loop reads trace.active()
+                    trace.configure({"dir": trace_dir}, f"sampler-{r}", "sampler bench")
+                runner = runners["fast" if name == TRACED else name]
+                try:
+                    w = C.run_window(sampler(runner), seconds, 1)
+                finally:
+                    if name == TRACED:
+                        trace_events += trace.active().events
+                        trace.shutdown()
+                rate = counted["steps"] / w["wall_s"]
+                cpu_rate = counted["steps"] / w["cpu_s"] if w["cpu_s"] > 0 else float("nan")
+            rows.append(
+                {
+                    "contender": name,
+                    "round": r,
+                    "env_steps_per_s": rate,
+                    "env_steps_per_cpu_s": cpu_rate,
+                    "wall_s": w["wall_s"],
+                }
+            )
+            _say(f"  round {r}  {name:<6} {rate:,.0f} env-steps/s ({cpu_rate:,.0f} per CPU-s)")
     finally:
         env.close()
         for runner in runners.values():

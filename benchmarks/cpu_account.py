@@ -18,8 +18,9 @@ report) the CPU seconds are split into:
 - **EnvRunner loop**: the rest of the main thread (fragments, episodes, metrics, weights in);
 - **Ray threads** of each actor (the native threads Ray names: RPC, object transfers);
 - **learner**: the Learner process's Python and torch threads;
-- **algorithm actor**, **evaluation EnvRunners**, **driver and Tune**, **Ray system processes**
-  (GCS, raylet, dashboard, agents), **idle Ray workers**;
+- **algorithm actor** (which also runs the evaluation: its env's physics worker threads are a
+  row of their own, the rest of an evaluation is in this row), **driver and Tune**, **Ray system
+  processes** (GCS, raylet, dashboard, agents), **idle Ray workers**;
 - **other processes** on the machine, and **idle**: cores x wall not used by anything.
 
 Each is reported as CPU seconds per 1,000 env steps and as a share of the machine (cores x
@@ -53,7 +54,7 @@ ROWS = [
     ("learner", "learner (Python + torch threads)"),
     ("learner_ray", "learner Ray threads"),
     ("algorithm", "algorithm actor"),
-    ("eval_env_runner", "evaluation EnvRunners"),
+    ("eval_env_runner", "evaluation's physics threads"),
     ("driver", "driver and Tune"),
     ("ray_system", "Ray system processes"),
     ("ray_idle_workers", "idle Ray workers"),
@@ -70,7 +71,7 @@ def role(pid: int, cmdline: str, driver_pid: int) -> str:
         return "driver"
     if cmdline.startswith("ray::"):
         title = cmdline.split()[0]
-        if "EnvRunner" in title:
+        if "EnvRunner" in title and "StateServer" not in title:
             return "eval_env_runner" if "Eval" in title else "env_runner"
         if "Learner" in title or "_WrappedExecutable" in title or "TrainWorker" in title:
             return "learner"
@@ -115,15 +116,18 @@ def descendants(root: int) -> List[int]:
     return out
 
 
-def snapshot(driver_pid: int, roles: Dict[int, str]) -> Dict:
+def snapshot(driver_pid: int, roles: Dict[int, str], titles: Dict[int, str]) -> Dict:
     """CPU seconds of every thread of the run's processes, and of the whole machine."""
     threads: Dict[Tuple[int, int], Tuple[str, str, float]] = {}
     for pid in descendants(driver_pid):
-        if pid not in roles or roles[pid] in ("driver", "other_ray", "ray_idle_workers"):
-            raw = _read(f"/proc/{pid}/cmdline")
-            if raw is None:
-                continue
-            roles[pid] = role(pid, raw.replace("\0", " ").strip(), driver_pid)
+        # Read every time: a Ray worker's title changes from its command line to ray::<Class>
+        # once it holds an actor (and to ray::IDLE when it holds none).
+        raw = _read(f"/proc/{pid}/cmdline")
+        if raw is None:
+            continue
+        title = raw.replace("\0", " ").strip()
+        roles[pid] = role(pid, title, driver_pid)
+        titles[pid] = title.split()[0] if title.startswith("ray::") else title[:80]
         proc_comm = (_read(f"/proc/{pid}/comm") or "").strip()
         try:
             tids = os.listdir(f"/proc/{pid}/task")
@@ -160,6 +164,16 @@ def trace_wall(trace_dir: Path, t0: float, t1: float) -> Dict[int, Dict[str, flo
     return out
 
 
+def processes(a: Dict, b: Dict, titles: Dict[int, str]) -> List[Dict]:
+    """Every process of the run in the window: pid, title, role and CPU seconds."""
+    out: Dict[int, Dict] = {}
+    for key, (rl, _, end) in b["threads"].items():
+        start = a["threads"][key][2] if key in a["threads"] else 0.0
+        row = out.setdefault(key[0], {"pid": key[0], "title": titles.get(key[0], "?"), "role": rl})
+        row["cpu_s"] = round(row.get("cpu_s", 0.0) + max(0.0, end - start), 2)
+    return sorted(out.values(), key=lambda r: -r["cpu_s"])
+
+
 def nearest(snaps: List[Dict], t: float) -> Dict:
     return min(snaps, key=lambda s: abs(s["t"] - t))
 
@@ -182,6 +196,8 @@ def account(a: Dict, b: Dict, walls: Dict[int, Dict[str, float]]) -> Dict[str, f
             runner[key[0]]["n_physics"] += kind == "physics"
         elif rl == "learner":
             cpu["learner_ray" if kind == "ray" else "learner"] += delta
+        elif rl == "algorithm" and kind == "physics":
+            cpu["eval_env_runner"] += delta  # the evaluation env's threads (in this actor)
         else:
             cpu[rl] += delta
     for pid, r in runner.items():
@@ -239,9 +255,10 @@ def main(argv=None) -> int:
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         roles: Dict[int, str] = {}
+        titles: Dict[int, str] = {}
         snaps = []
         while proc.poll() is None:
-            snaps.append(snapshot(proc.pid, roles))
+            snaps.append(snapshot(proc.pid, roles, titles))
             time.sleep(1.0)
     if proc.returncode != 0:
         print(
@@ -288,6 +305,7 @@ def main(argv=None) -> int:
         "cpu_s": {k: round(cpu.get(k, 0.0), 3) for k, _ in ROWS},
         "cpu_ms_per_1k_env_steps": {k: round(1000 * per_k.get(k, 0.0), 2) for k, _ in ROWS},
         "share_of_machine": {k: round(cpu.get(k, 0.0) / (cores * wall), 4) for k, _ in ROWS},
+        "processes": processes(a, b, titles),
         "env_runner_trace_wall_s": {
             str(pid): {k: round(v, 3) for k, v in sorted(w.items())} for pid, w in walls.items()
         },

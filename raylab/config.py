@@ -90,7 +90,7 @@ class TrainingConfig:
         100,
         "evaluate every N training iterations (0: off): deterministic actions on fixed seeds, "
         "reported as Eval/*; the best score's checkpoint is kept as checkpoints/best; the "
-        "default keeps evaluation under 5% of the wall time (docs/training.md)",
+        "default costs about 5% of a default run's wall time (docs/training.md)",
     )
     eval_before_train: bool = option(
         True, "also evaluate the initial policy once before the first update (Eval/* at step 0)"

@@ -416,6 +416,8 @@ def test_train_smoke(tmp_path, algo, idle_head):
         "1",
         "--ref-seconds",
         "0.2",
+        "--physics-seconds",
+        "0.2",
         "--out",
         str(out),
         "env.num_envs=4",
@@ -432,6 +434,18 @@ def test_train_smoke(tmp_path, algo, idle_head):
     expected = ["batched", "gym_sync"] + (["stock_sac", "torch_limit"] if algo == "sac" else [])
     assert names == expected
     assert len(res["refs"]) == len(names) + 1
+    # bare physics on all cores before the first run and after every run; each training run
+    # divided by the mean of the two windows around it
+    assert len(res["physics_windows"]) == len(names) + 1
+    assert res["params"]["physics_threads"] == C.usable_cores()
+    w = [x["env_steps_per_s"] for x in res["physics_windows"]]
+    for i, run in enumerate(res["runs"]):
+        if run["contender"] in ("batched", "gym_sync"):
+            # (the JSON keeps 6 significant digits)
+            assert run["physics_env_steps_per_s"] == pytest.approx((w[i] + w[i + 1]) / 2, 1e-4)
+            assert run["over_physics"] == pytest.approx(
+                run["env_steps_per_s"] / run["physics_env_steps_per_s"], 1e-4
+            )
     for run in res["runs"]:
         assert run["updates_per_s"] > 0
         if run["contender"] in ("batched", "gym_sync"):
@@ -440,6 +454,10 @@ def test_train_smoke(tmp_path, algo, idle_head):
             assert "Other" in shares and sum(shares.values()) == pytest.approx(1.0, abs=0.02)
     ratios = res["summary"]["ratios"]
     assert math.isfinite(ratios["batched_over_gym_sync_env_steps"])
+    assert 0 < ratios["batched_over_physics"] < 2
+    if algo == "appo":
+        assert "appo_batched_ge_0.7x_physics" in res["summary"]["goals"]
+    assert "batched_over_physics" in r.stdout
     if algo == "sac":
         assert "sac_over_stock_env_steps" in ratios and "sac_over_torch_limit_updates" in ratios
     assert run_cli("bench", "plot", str(out)).returncode == 0

@@ -30,6 +30,14 @@ same way) and reports every value's rates against the first: what a setting cost
 
 A one-thread window of the batched env (``--ref-seconds``) before the first run and after every
 run is the machine's reference; its drift and trend give the verdict, as in the env sweep.
+
+``--physics-seconds S`` adds, next to every reference window, a window of the task's bare
+physics (``raylab bench env --mode bare``: N envs x 10 ``mj_step`` with recorded servo targets,
+nothing else) on all the machine's cores with the run's env count. Each training run's env
+steps per second over the mean of the physics windows before and after it is its ratio to bare
+physics (``<contender>_over_physics``): the share of the machine's physics rate that training
+end to end keeps. Goals: APPO at least 0.70, PPO at least 0.55 (PPO samples while nobody learns
+and learns while nobody samples).
 """
 
 from __future__ import annotations
@@ -64,6 +72,8 @@ BENCH_OVERRIDES = (
 SETTLE_S = 2.0  # pause after a training run, before its reference window
 # End to end, raylab's default path against stock RLlib (PPO / APPO): at least 2x.
 GOALS = {"batched_over_gym_sync": 2.0, "sac_over_torch_limit": 0.6, "sac_over_stock": 4.0}
+# End to end against the task's bare physics on all cores (--physics-seconds).
+PHYSICS_GOALS = {"appo": 0.70, "ppo": 0.55}
 
 
 def _say(msg: str) -> None:
@@ -408,6 +418,7 @@ def run_train_bench(
     trend_limit: float = C.TREND_LIMIT,
     vary: Optional[str] = None,
     command: str = "",
+    physics_seconds: float = 0.0,
 ) -> Dict[str, Any]:
     from raylab.algorithms.build import physics_threads
     from raylab.envs.tasks import TASKS
@@ -450,6 +461,7 @@ def run_train_bench(
         num_learners=cfg.resources.num_learners,
         hidden=list(cfg.algo.hidden),
         vary=variants,
+        physics_seconds=physics_seconds,
     )
     if algo == "sac":
         params["stock_sac_training_intensity"] = stock_sac_training_intensity(cfg)
@@ -461,13 +473,33 @@ def run_train_bench(
     from raylab.bench.env import env_tasks, make_batched
     from raylab.train import init_ray
 
-    ref = None
+    ref = physics = None
     if ref_seconds > 0 and task in env_tasks():
         ref = make_batched(task, 16, 1, 0, {})
         ref.window(0.5)
+    if physics_seconds > 0:
+        if task not in env_tasks():
+            raise UserError(f"--physics-seconds: task '{task}' has no batched env to time")
+        cores = C.usable_cores()
+        physics = make_batched(task, int(cfg.env.num_envs), cores, 0, {}, mode="bare")
+        physics.window(0.5)
+        result["params"]["physics_threads"] = cores
     refs: List[Dict[str, Any]] = []
+    physics_windows: List[Dict[str, Any]] = []
 
     def measure_ref(after: Optional[str]):
+        if physics is not None:
+            w = physics.window(physics_seconds)
+            physics_windows.append({"after_run": after, "env_steps_per_s": w["rate"]})
+            _say(
+                f"  bare physics ({physics.name}, {physics.num_envs} envs) "
+                f"{w['rate']:,.0f} env-steps/s"
+            )
+            if after is not None and runs and runs[-1].get("env_steps_per_s"):
+                # this run against the physics windows on either side of it
+                both = [x["env_steps_per_s"] for x in physics_windows[-2:]]
+                runs[-1]["physics_env_steps_per_s"] = float(np.mean(both))
+                runs[-1]["over_physics"] = runs[-1]["env_steps_per_s"] / float(np.mean(both))
         if ref is not None:
             w = ref.window(ref_seconds)
             refs.append(
@@ -523,13 +555,15 @@ def run_train_bench(
                 time.sleep(SETTLE_S)  # let the stopped actors' processes exit
             measure_ref(f"{name}#{r}")
     finally:
-        if ref is not None:
-            ref.close()
+        for c in (ref, physics):
+            if c is not None:
+                c.close()
         if started_ray and ray.is_initialized():
             ray.shutdown()
 
     result["runs"] = runs
     result["refs"] = refs
+    result["physics_windows"] = physics_windows
     result["summary"] = _summarise(runs, contenders, algo, variants)
     if refs:
         g = C.guard([x["env_steps_per_s"] for x in refs], drift_limit, trend_limit)
@@ -593,6 +627,14 @@ def _summarise(
         "ratios": {},
         "goals": {},
     }
+    for c in contenders:
+        per = [r["over_physics"] for r in runs if r["contender"] == c and "over_physics" in r]
+        if per:
+            out["ratios"][f"{c}_over_physics"] = float(np.median(per))
+            out["ratios"][f"{c}_over_physics_per_round"] = per
+            goal = PHYSICS_GOALS.get(algo)
+            if c == "batched" and goal is not None:
+                out["goals"][f"{algo}_batched_ge_{goal:g}x_physics"] = float(np.median(per)) >= goal
     if variants:
         # Every value against the first, per side: env steps and updates per second.
         for side in dict.fromkeys(c.partition("@")[0] for c in contenders):
@@ -867,6 +909,15 @@ def parser():
         "first run and after every run (0: none; the verdict is then unchecked)",
     )
     p.add_argument(
+        "--physics-seconds",
+        type=float,
+        default=None,
+        help="seconds of a bare-physics window (the task's physics alone, all cores, the run's "
+        "env count) before the first run and after every run; each run's env-steps/s over the "
+        "windows on either side of it is its ratio to physics (default: 5 for raylab tasks, "
+        "0 = none for Gymnasium ids)",
+    )
+    p.add_argument(
         "--drift-limit",
         type=float,
         default=C.DRIFT_LIMIT,
@@ -922,10 +973,18 @@ END_TO_END_ONLY = (
     "no_stock_sac",
     "torch_limit_seconds",
     "ref_seconds",
+    "physics_seconds",
     "drift_limit",
     "trend_limit",
     "vary",
 )
+
+
+def default_physics_seconds(task: str) -> float:
+    """5-second physics windows for a raylab task (it has a batched env); none otherwise."""
+    from raylab.bench.env import env_tasks
+
+    return 5.0 if task in env_tasks() else 0.0
 
 
 def main(argv: Sequence[str]) -> int:
@@ -977,6 +1036,9 @@ def main(argv: Sequence[str]) -> int:
         trend_limit=args.trend_limit,
         vary=args.vary,
         command=command,
+        physics_seconds=default_physics_seconds(args.task)
+        if args.physics_seconds is None
+        else args.physics_seconds,
     )
     print_train(res)
     path = C.save_result(res, args.out or f"runs/bench/train_{args.algo}.json")

@@ -592,6 +592,21 @@ def test_train_vary_bad_values_are_one_line(bad):
     )
 
 
+def test_train_vary_keys_given_twice_change_together():
+    from raylab.bench.train import compose_cfg, parse_vary
+
+    pairs = parse_vary(["resources.num_env_runners=1,2", "env.num_envs=32,16"])
+    assert pairs == [
+        "resources.num_env_runners=1 env.num_envs=32",
+        "resources.num_env_runners=2 env.num_envs=16",
+    ]
+    cfg = compose_cfg("appo", "microduck_balance", pairs[1].split(" "))
+    assert (cfg.resources.num_env_runners, cfg.env.num_envs) == (2, 16)
+    r = run_cli("bench", "train", "--vary", "env.num_envs=8,16", "--vary", "algo.lr=1e-4,2e-4,3e-4")
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "as many values" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
 def test_train_vary_bad_value_for_the_key_is_refused_before_anything_runs():
     r = run_cli("bench", "train", "--vary", "training.iteration_s=1,fast")
     assert r.returncode != 0 and "Traceback" not in r.stderr

@@ -26,7 +26,9 @@ Contenders, alternated run by run (order reversed every other round):
 
 ``--vary KEY=V1,V2`` runs each side once per value of one config key instead (alternating the
 same way) and reports every value's rates against the first: what a setting costs, e.g.
-``--vary training.iteration_s=1,5`` for the live panel's short iterations.
+``--vary training.iteration_s=1,5`` for the live panel's short iterations. Given more than once,
+the keys change together (values paired in order), e.g. the same envs on one or two EnvRunners:
+``--vary resources.num_env_runners=1,2 --vary env.num_envs=32,16``.
 
 A one-thread window of the batched env (``--ref-seconds``) before the first run and after every
 run is the machine's reference; its drift and trend give the verdict, as in the env sweep.
@@ -426,7 +428,7 @@ def run_train_bench(
     cfg = compose_cfg(algo, task, overrides)
     variants = parse_vary(vary)
     # One config per variant value (each checked now, before anything runs).
-    cfg_of = {v: compose_cfg(algo, task, [*overrides, v]) for v in variants}
+    cfg_of = {v: compose_cfg(algo, task, [*overrides, *v.split(" ")]) for v in variants}
     import ray  # noqa: F401  (imported before the result is opened: its version is recorded)
     import torch  # noqa: F401
 
@@ -587,10 +589,24 @@ def _spaces(cfg):
         env.close()
 
 
-def parse_vary(vary: Optional[str]) -> List[str]:
-    """``KEY=V1,V2,...`` -> ``["KEY=V1", "KEY=V2", ...]`` (two values at least); None -> []."""
+def parse_vary(vary) -> List[str]:
+    """``KEY=V1,V2,...`` -> ``["KEY=V1", "KEY=V2", ...]`` (two values at least); None -> [].
+
+    Several ``KEY=...`` (a list: ``--vary`` given more than once) change together: their values
+    are paired in order (as many values each), and a variant is their overrides joined by a
+    space, e.g. ``["resources.num_env_runners=1 env.num_envs=32", ...]``."""
     if not vary:
         return []
+    if not isinstance(vary, str):
+        each = [parse_vary(v) for v in vary]
+        if len(each) == 1:
+            return each[0]
+        if len({len(e) for e in each}) != 1:
+            raise UserError(
+                "--vary given more than once: every key needs as many values (they change "
+                f"together), got {', '.join(str(len(e)) for e in each)}"
+            )
+        return [" ".join(group) for group in zip(*each)]
     key, eq, values = vary.partition("=")
     vals = [v.strip() for v in values.split(",") if v.strip()]
     if not eq or not key.strip() or len(vals) < 2 or len(set(vals)) < len(vals):
@@ -932,9 +948,12 @@ def parser():
     p.add_argument(
         "--vary",
         default=None,
+        action="append",
         metavar="KEY=V1,V2",
         help="run each side once per value of one config key, alternating, and "
         "report each value's rates against the first (e.g. training.iteration_s=1,5); "
+        "given more than once, the keys change together, their values paired in order "
+        "(e.g. --vary resources.num_env_runners=1,2 --vary env.num_envs=32,16); "
         "no stock SAC or torch limit then",
     )
     p.add_argument(

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduce every committed benchmark result (benchmarks/results/*.json) and its plot
-# (benchmarks/plots/*.png). About 35 minutes on a 2-core machine; longer where the machine has
+# (benchmarks/plots/*.png). About 50 minutes on a 2-core machine; longer where the machine has
 # more cores (the thread sweep and the worker comparison then add rows for 4 and 8).
 #
 #   benchmarks/run_all.sh            # everything
@@ -78,6 +78,21 @@ if [ "$what" = all ] || [ "$what" = train ]; then
     #    default) against 5, batched env, alternating runs.
     $RAYLAB bench train --algo appo --sides batched --vary training.iteration_s=1,5 --seconds 45 \
         --warmup 15 --rounds 2 --out "$RES/train_appo_iteration_s.json"
+
+    # 10. End to end against bare physics on all cores (every run above also has its physics
+    #     windows, --physics-seconds 5): APPO on one EnvRunner x 32 envs (the default) and on
+    #     two x 16 (the same envs, two processes whose serial parts overlap), PPO, SAC at its
+    #     default replay ratio and at 0.25 with 32 envs on one or two learner threads.
+    $RAYLAB bench train --algo appo --sides batched --rounds 2 --seconds 30 --warmup 20 \
+        --vary resources.num_env_runners=1,2 --vary env.num_envs=32,16 \
+        --out "$RES/train_appo_physics.json"
+    $RAYLAB bench train --algo ppo --sides batched --rounds 2 --seconds 30 --warmup 20 \
+        --out "$RES/train_ppo_physics.json"
+    $RAYLAB bench train --algo sac --sides batched --rounds 1 --seconds 40 --warmup 30 \
+        --vary resources.num_cpus_per_learner=1,2 --out "$RES/train_sac_physics.json" \
+        env.num_envs=32 algo.updates_per_step=0.25
+    $RAYLAB bench train --algo sac --sides batched --no-stock-sac --rounds 1 --seconds 40 \
+        --warmup 30 --out "$RES/train_sac_default_physics.json"
 
     for a in appo sac ppo appo_fast_sampler appo_iteration_s; do
         $RAYLAB bench plot "$RES/train_$a.json" --out "$PLOTS/train_$a.png"

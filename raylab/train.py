@@ -82,6 +82,16 @@ def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
         raise _join_error(address, ConnectionError(e.strerror or str(e))) from None
 
 
+def cpus_reserved(cfg: DictConfig) -> float:
+    """The CPUs the run's actors reserve: its EnvRunners, plus its Learners and the main
+    process (or, with num_learners=0, the main process that learns)."""
+    r = cfg.resources
+    need = r.num_env_runners * r.num_cpus_per_env_runner
+    if r.num_learners > 0:
+        return need + r.num_cpus_for_main_process + r.num_learners * r.num_cpus_per_learner
+    return need + max(r.num_cpus_for_main_process, r.num_cpus_per_learner)
+
+
 def init_ray(cfg: DictConfig) -> dict:
     """Join the cluster named by resources.ray_address / RAY_ADDRESS, or start Ray here.
 
@@ -143,15 +153,9 @@ def init_ray(cfg: DictConfig) -> dict:
             "null: refusing to start a second Ray; set resources.ray_address=auto"
         )
     else:
-        r = cfg.resources
-        need = r.num_env_runners * r.num_cpus_per_env_runner
-        if r.num_learners > 0:
-            need += r.num_cpus_for_main_process + r.num_learners * r.num_cpus_per_learner
-        else:  # the main process learns
-            need += max(r.num_cpus_for_main_process, r.num_cpus_per_learner)
         # Logical CPUs: at least what the actors reserve, so a small laptop can still run the
         # default layout (the OS shares the cores; nothing waits for a free "CPU" forever).
-        num_cpus = max(os.cpu_count() or 1, int(need + 0.999))
+        num_cpus = max(os.cpu_count() or 1, int(cpus_reserved(cfg) + 0.999))
         ray.init(
             address="local",
             num_cpus=num_cpus,

@@ -607,6 +607,19 @@ def test_train_vary_keys_given_twice_change_together():
     assert "as many values" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_the_local_ray_of_a_vary_run_has_room_for_its_largest_variant():
+    """A --vary of the EnvRunners must not start a Ray sized for the first variant only: its
+    second variant's actors would wait forever for CPUs (run_train_bench sizes the local Ray
+    by the variant that reserves the most)."""
+    from raylab.bench.train import compose_cfg, largest
+    from raylab.train import cpus_reserved
+
+    one = compose_cfg("appo", "microduck_balance", [])
+    two = compose_cfg("appo", "microduck_balance", ["resources.num_env_runners=2"])
+    assert cpus_reserved(two) == cpus_reserved(one) + 1
+    assert largest(one, [one, two]) is two and largest(two, [one]) is two
+
+
 def test_train_vary_bad_value_for_the_key_is_refused_before_anything_runs():
     r = run_cli("bench", "train", "--vary", "training.iteration_s=1,fast")
     assert r.returncode != 0 and "Traceback" not in r.stderr

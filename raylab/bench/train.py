@@ -516,7 +516,7 @@ def run_train_bench(
     runs: List[Dict[str, Any]] = []
     started_ray = not ray.is_initialized()
     try:
-        init_ray(cfg)
+        init_ray(largest(cfg, cfg_of.values()))
         measure_ref(None)
         space = _spaces(cfg)
         for r, name in C.round_order(contenders, rounds):
@@ -574,6 +574,15 @@ def run_train_bench(
     else:
         g = C.guard([], drift_limit, trend_limit)
     return C.finish_result(result, g["verdict"], g)
+
+
+def largest(cfg, variants):
+    """The config a local Ray is started with: the one whose actors reserve the most CPUs
+    (a Ray sized for the first variant of a --vary of the EnvRunners or the learner's CPUs
+    could not place the others' actors, which would wait forever)."""
+    from raylab.train import cpus_reserved
+
+    return max([cfg, *variants], key=cpus_reserved)
 
 
 def _spaces(cfg):

@@ -658,8 +658,8 @@ def _summarise(
             out["ratios"][f"{c}_over_physics"] = float(np.median(per))
             out["ratios"][f"{c}_over_physics_per_round"] = per
             goal = PHYSICS_GOALS.get(algo)
-            if c == "batched" and goal is not None:
-                out["goals"][f"{algo}_batched_ge_{goal:g}x_physics"] = float(np.median(per)) >= goal
+            if c.partition("@")[0] == "batched" and goal is not None:
+                out["goals"][f"{algo}_{c}_ge_{goal:g}x_physics"] = float(np.median(per)) >= goal
     if variants:
         # Every value against the first, per side: env steps and updates per second.
         for side in dict.fromkeys(c.partition("@")[0] for c in contenders):

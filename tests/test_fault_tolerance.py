@@ -266,7 +266,8 @@ def _event_steps(path: Path):
     return [e.step for e in acc.Scalars(S.PERF_TOTAL_FPS)]
 
 
-DRIVER_KILL_STEPS = 30_000  # about 25 iterations of APPO on Pendulum-v1 with 4 envs
+DRIVER_KILL_STEPS = 100_000  # 30-80 s of APPO on Pendulum-v1 with 4 envs (1,200-3,000 steps/s):
+# at 30,000 the run could finish before the kill (10 iterations at 3,000 steps/s)
 
 
 @pytest.fixture(scope="module")

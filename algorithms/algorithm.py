@@ -15,11 +15,19 @@ across reports and restarts.
   result. The best evaluation score is kept in the checkpoint state too, and a result that
   improves it asks Tune for a checkpoint (``should_checkpoint``), which the driver keeps as the
   run's ``best`` checkpoint.
+- **The evaluated weights.** APPO's and SAC's Learners keep updating while the evaluation runs
+  (their learner threads work through the batches already queued), so the Learner's weights in
+  a checkpoint written after an evaluation are a few updates past the ones evaluated. A
+  checkpoint of an iteration that evaluated also holds the evaluation EnvRunner's module, the
+  policy that earned the score (:data:`EVALUATED_MODULE_DIR`); the run's ``best`` copy puts it
+  in the Learner's place (``raylab.reporting.keep_best_checkpoint``), so ``raylab eval`` of
+  ``best`` replays the evaluation's score exactly.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from pathlib import Path
 from typing import Any, Dict, Iterable, Optional, Tuple
 
 import numpy as np
@@ -36,6 +44,11 @@ EPISODES_KEY = "raylab_episodes"  # per-episode (return, length) items from ever
 STATE_KEY = "raylab"  # the algorithm state raylab adds to RLlib's checkpoint
 EVAL_BEFORE_TRAIN_KEY = "raylab_eval_before_train"  # evaluation results of the initial policy
 BEST_EVAL_KEY = "raylab_best_eval"  # {"score", "iteration"} of the best evaluation so far
+# In a checkpoint of an iteration that evaluated: the evaluation EnvRunner's RLModule (the
+# weights the evaluation ran), saved with RLModule.save_to_path.
+EVALUATED_MODULE_DIR = "raylab_evaluated_module"
+# Where an Algorithm checkpoint keeps the Learner's RLModule (what `raylab eval` loads).
+LEARNER_MODULE_DIR = Path("learner_group") / "learner" / "rl_module" / "default_policy"
 
 
 class RewardWindow:
@@ -185,13 +198,26 @@ class RaylabAlgorithmMixin(EnvErrorPolicy):
             before = self.evaluate()  # the evaluation results themselves
             # Reported on their own, not again inside the first iteration's "evaluation".
             self.metrics.delete(EVALUATION_RESULTS, key_error=False)
+        self._evaluated_this_step = False  # set by an evaluation inside the step
         with trace.span("Algorithm Step", "driver"):
             result = super().step()
         if before is not None:
             result[EVAL_BEFORE_TRAIN_KEY] = before
         return result
 
+    def evaluate(self, *args, **kwargs):
+        out = super().evaluate(*args, **kwargs)
+        self._evaluated_this_step = True
+        return out
+
     # -- checkpoint state ------------------------------------------------------------------
+    def save_checkpoint(self, checkpoint_dir: str) -> None:
+        super().save_checkpoint(checkpoint_dir)
+        runner = self.eval_env_runner if self.__dict__.get("_evaluated_this_step") else None
+        module = getattr(runner, "module", None)
+        if module is not None:
+            module.save_to_path(str(Path(checkpoint_dir) / EVALUATED_MODULE_DIR))
+
     def get_state(self, *args, **kwargs) -> Dict[str, Any]:
         state = super().get_state(*args, **kwargs)
         state[STATE_KEY] = {

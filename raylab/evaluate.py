@@ -28,6 +28,7 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
+from raylab.algorithms.algorithm import LEARNER_MODULE_DIR
 from raylab.algorithms.evaluation import (
     MAX_EVAL_ENVS,
     Policy,
@@ -40,9 +41,6 @@ from raylab.algorithms.evaluation import (
 )
 from raylab.errors import UserError
 from raylab.train import TUNE_DIR, load_run_config
-
-MODULE_SUBDIR = Path("learner_group") / "learner" / "rl_module" / "default_policy"
-
 
 # ---------------------------------------------------------------------------------- episodes
 
@@ -222,7 +220,7 @@ def check_checkpoint(path: Path, algo: str) -> None:
     if not path.is_dir():
         raise UserError(f"checkpoint '{path}' does not exist")
     name = checkpoint_algorithm(path)
-    if name is None or not (path / MODULE_SUBDIR).is_dir():
+    if name is None or not (path / LEARNER_MODULE_DIR).is_dir():
         raise UserError(f"'{path}' is not a readable RLlib algorithm checkpoint")
     from raylab.train import algorithm_class
 
@@ -242,7 +240,7 @@ def load_policy(path: Path):
 
     quiet_logs()  # RLlib's deprecation notices while it rebuilds the module
     try:
-        return RLModule.from_checkpoint(str((path / MODULE_SUBDIR).resolve()))
+        return RLModule.from_checkpoint(str((path / LEARNER_MODULE_DIR).resolve()))
     except Exception as e:  # corrupt state files
         raise UserError(f"cannot load the policy in '{path}': {type(e).__name__}: {e}") from e
 

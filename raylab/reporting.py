@@ -24,7 +24,13 @@ from ray import tune
 from ray.rllib.utils.metrics import EVALUATION_RESULTS
 from ray.tune.schedulers import ASHAScheduler
 
-from raylab.algorithms.algorithm import BEST_EVAL_KEY, EVAL_BEFORE_TRAIN_KEY, eval_tags
+from raylab.algorithms.algorithm import (
+    BEST_EVAL_KEY,
+    EVAL_BEFORE_TRAIN_KEY,
+    EVALUATED_MODULE_DIR,
+    LEARNER_MODULE_DIR,
+    eval_tags,
+)
 from raylab.algorithms.callbacks import FLOW_KEY, RUNTIME_KEY
 from raylab.metrics import schema as S
 from raylab.metrics.timeline import (
@@ -580,13 +586,19 @@ def recover_rotated_checkpoint(trial) -> str:
 
 def keep_best_checkpoint(source: Path, folder: Path) -> Path:
     """Copy a checkpoint to ``folder/best``, replacing the previous best only once the copy is
-    complete (a crash meanwhile leaves the old one)."""
+    complete (a crash meanwhile leaves the old one). The copy's policy is the one the
+    evaluation ran: where the checkpoint holds the evaluated module (APPO's and SAC's Learners
+    move on during an evaluation), it takes the Learner module's place."""
     import shutil
 
     folder.mkdir(parents=True, exist_ok=True)
     dest, tmp = folder / "best", folder / ".best.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(source, tmp)
+    evaluated = tmp / EVALUATED_MODULE_DIR
+    if evaluated.is_dir() and (tmp / LEARNER_MODULE_DIR).is_dir():
+        shutil.rmtree(tmp / LEARNER_MODULE_DIR)
+        evaluated.rename(tmp / LEARNER_MODULE_DIR)
     old = folder / ".best.old"
     shutil.rmtree(old, ignore_errors=True)
     if dest.exists():

@@ -305,8 +305,17 @@ def driver_killed_and_resumed(head, tmp_path_factory):
         # Tune's next experiment snapshot records that checkpoint (the next checkpoint is
         # 10 iterations of >= 1 s away).
         wait_for_tune_snapshot(run_dir / "tune", after=time.time())
-        at_kill = _summary(run_dir)
+        # ... and the run is past the checkpoint's iteration, so that the kill throws work
+        # away (in CI the kill once came before the next iteration had ended).
         checkpoints = sorted((run_dir / "tune").glob("*/checkpoint_*"))
+        ckpt_iteration = checkpoint_counters(checkpoints[-1])[0]
+        at_kill = _wait(
+            lambda: (s := _summary(run_dir)).get("training_iteration", 0) > ckpt_iteration and s,
+            60,
+            f"an iteration after the checkpoint's ({ckpt_iteration})",
+            proc,
+            log,
+        )
         _kill_group(proc)
     finally:
         _kill_group(proc)

@@ -217,11 +217,13 @@ def test_a_robot_run_logs_every_reward_and_termination_term_of_its_task(algo, ru
     assert logged == set(expected)
 
 
-def test_raylab_eval_reproduces_the_evaluation_during_training(runs):
+@pytest.mark.parametrize("algo", ALGOS)
+def test_raylab_eval_reproduces_the_evaluation_during_training(runs, algo):
     """One code path: `raylab eval` of the best checkpoint, with the evaluation's episodes and
-    seed, gives the score the evaluation during training logged. PPO, whose learner does not
-    move between the evaluation and the checkpoint (APPO's and SAC's learner threads do)."""
-    run_dir = runs("ppo", "microduck_balance")
+    seed, gives the score the evaluation during training logged, exactly. APPO's and SAC's
+    learner threads move on while the evaluation runs: the best checkpoint holds the weights
+    that were evaluated, not the Learner's a few updates later."""
+    run_dir = runs(algo, "microduck_balance")
     best = read_summary(run_dir)["best_eval"]
     r = run_main(
         "eval",

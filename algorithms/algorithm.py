@@ -44,6 +44,7 @@ EPISODES_KEY = "raylab_episodes"  # per-episode (return, length) items from ever
 STATE_KEY = "raylab"  # the algorithm state raylab adds to RLlib's checkpoint
 EVAL_BEFORE_TRAIN_KEY = "raylab_eval_before_train"  # evaluation results of the initial policy
 BEST_EVAL_KEY = "raylab_best_eval"  # {"score", "iteration"} of the best evaluation so far
+EPISODE_LOG_KEY = "raylab_episode_log"  # [[return, length], ...] of this iteration
 # In a checkpoint of an iteration that evaluated: the evaluation EnvRunner's RLModule (the
 # weights the evaluation ran), saved with RLModule.save_to_path.
 EVALUATED_MODULE_DIR = "raylab_evaluated_module"
@@ -166,8 +167,12 @@ class RaylabAlgorithmMixin(EnvErrorPolicy):
         items = runners.pop(EPISODES_KEY, None) if isinstance(runners, dict) else None
         if isinstance(items, tuple):  # RLlib hands a lone item over unwrapped
             items = [items]
+        episodes = []
         if isinstance(items, list):
-            self.reward_window.extend(i for i in items if isinstance(i, tuple) and len(i) == 2)
+            episodes = [i for i in items if isinstance(i, tuple) and len(i) == 2]
+            self.reward_window.extend(episodes)
+        if getattr(self.config, "raylab_episode_log", False):  # for the driver's episodes.csv
+            result[EPISODE_LOG_KEY] = [[float(r), int(n)] for r, n in episodes]
         means = self.reward_window.means()
         # NaN until the first episode completes: the driver omits non-finite values.
         mean_return, mean_length = means if means is not None else (float("nan"),) * 2

@@ -186,6 +186,7 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
         .fault_tolerance(**env_runner_restarts(cfg), delay_between_env_runner_restarts_s=1.0)
     )
     config.raylab_eval_before_train = bool(cfg.training.eval_before_train)
+    config.raylab_episode_log = bool(cfg.training.episode_log)
     config.raylab_eval_seed = int(cfg.training.eval_seed)
     return config
 

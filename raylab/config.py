@@ -86,6 +86,12 @@ class TrainingConfig:
     reward_window: int = option(
         100, "Train/mean_reward and Train/mean_episode_length: mean over this many latest episodes"
     )
+    episode_log: bool = option(
+        False,
+        "also write every finished training episode to episodes.csv in the run directory (env "
+        "steps when its iteration ended, return, length): curves at any smoothing "
+        "(benchmarks/parity)",
+    )
     eval_every: int = option(
         100,
         "evaluate every N training iterations (0: off): deterministic actions on fixed seeds, "

@@ -26,6 +26,7 @@ from ray.tune.schedulers import ASHAScheduler
 
 from raylab.algorithms.algorithm import (
     BEST_EVAL_KEY,
+    EPISODE_LOG_KEY,
     EVAL_BEFORE_TRAIN_KEY,
     EVALUATED_MODULE_DIR,
     LEARNER_MODULE_DIR,
@@ -437,6 +438,9 @@ class RaylabTuneCallback(tune.Callback):
         if step > run.get("logged_step", -1):
             run["backend"].log(step, run.pop("pending"))
             run["logged_step"] = step
+        episodes = result.get(EPISODE_LOG_KEY)
+        if episodes:  # training.episode_log
+            run["dir"].append_episodes(step, int(result.get("training_iteration", 0)), episodes)
         # The summary keeps each tag's latest value (not every iteration reports every tag).
         run["prev"], run["last"] = result, {**run["last"], **metrics}
         runtime = result.get(RUNTIME_KEY)

@@ -197,6 +197,7 @@ COMMON = [
     "algo.hidden=[64,64]",
     f"training.eval_every={EVAL_EVERY}",
     f"training.eval_episodes={EVAL_EPISODES}",
+    "training.episode_log=true",
 ]
 TRACED = ("training.trace_enabled=true", "training.trace_thread_time=true")
 

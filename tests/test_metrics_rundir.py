@@ -258,3 +258,20 @@ def test_run_directory_create_and_paths(tmp_path):
     assert rd.summary_path.name == rundir.SUMMARY_FILE
     assert rd.checkpoint_dir == rd.path / "checkpoints"
     assert rd.video_path == rd.path / "play_video.mp4"
+
+
+def test_episode_log_appends_and_a_restored_run_replaces_the_iterations_it_redoes(tmp_path):
+    rd = RunDirectory(tmp_path)
+    assert rd.read_episodes() == []
+    rd.append_episodes(100, 1, [(1.5, 10), (2.0, 20)])
+    rd.append_episodes(250, 3, [(3.0, 10)])
+    assert rd.episodes_path.read_text().splitlines()[0] == "env_steps,iteration,return,length"
+    assert rd.read_episodes() == [(100, 1, 1.5, 10), (100, 1, 2.0, 20), (250, 3, 3.0, 10)]
+    # A new driver (--resume) restored from the checkpoint of iteration 2 redoes iteration 3.
+    again = RunDirectory(tmp_path)
+    again.append_episodes(240, 3, [(4.0, 12)])
+    assert again.read_episodes() == [(100, 1, 1.5, 10), (100, 1, 2.0, 20), (240, 3, 4.0, 12)]
+    # Tune restores a failed trial in the same driver from iteration 1's checkpoint.
+    again.append_episodes(150, 2, [(5.0, 9)])
+    again.append_episodes(260, 3, [])
+    assert again.read_episodes() == [(100, 1, 1.5, 10), (100, 1, 2.0, 20), (150, 2, 5.0, 9)]

@@ -28,7 +28,7 @@ from conftest import (
 from raylab.metrics import schema as S
 from raylab.metrics.extract import extract
 from raylab.metrics.manifest import validate_manifest
-from raylab.metrics.rundir import read_summary
+from raylab.metrics.rundir import RunDirectory, read_summary
 
 ALGOS = GOLDEN_ALGOS
 TASKS = GOLDEN_TASKS
@@ -101,6 +101,28 @@ def test_summary_and_manifest(pendulum_run):
     assert len(manifest["learners"]) == 1 and manifest["learners"][0]["device"] == "cpu"
     config = json.loads((run_dir / "run_config.json").read_text())
     assert config["algo"]["name"] == algo and config["task"] in TASKS
+
+
+def summary_task(run_dir: Path) -> str:
+    return json.loads((run_dir / "run_config.json").read_text())["task"]
+
+
+def test_the_episode_log_holds_the_episodes_of_the_reward_window(pendulum_run):
+    # training.episode_log (on in the golden runs): every finished training episode, so the
+    # latest 100 of them give exactly the run's final Train/mean_reward.
+    algo, run_dir = pendulum_run
+    rows = RunDirectory(run_dir).read_episodes()
+    summary = read_summary(run_dir / "run_summary.json")
+    assert rows, "no episode in episodes.csv"
+    steps = [r[0] for r in rows]
+    iterations = [r[1] for r in rows]
+    assert steps == sorted(steps) and iterations == sorted(iterations)
+    assert 0 < steps[-1] <= summary["env_steps"]
+    # Both tasks' episodes end by their time limit only: 200 and 250 steps.
+    assert {r[3] for r in rows} == {200 if summary_task(run_dir) == "Pendulum-v1" else 250}
+    latest = [r[2] for r in rows[-100:]]
+    final = summary["final_metrics"][S.TRAIN_MEAN_REWARD]
+    assert sum(latest) / len(latest) == pytest.approx(final, rel=1e-6)
 
 
 def test_the_manifest_v1_fields_are_filled_by_a_real_run(pendulum_run):

@@ -4,20 +4,29 @@
         --steps 1000000 --seeds 0 1 [-- KEY=VALUE ...]
     python benchmarks/parity/run.py --report
 
-A run per (algo, task, seed): ``raylab train`` with ``training.total_steps`` = ``--steps`` and no
-evaluation (the reference figures are training returns), into ``runs/parity/NAME`` (ignored by
-git; its log next to it), NAME = ``<algo>_<task>_s<seed>`` plus ``--tag``. Its training return
-curve is read back from the run's event files: ``Train/mean_reward``, raylab's mean over the
-latest 100 episodes (``training.reward_window``), the reference's definition too. Saved to
-``benchmarks/parity/results/NAME.json`` with the command, the overrides, the wall time and the
-machine (cores, load before and after, what else was busy).
+A run per (algo, task, seed): ``raylab train`` with ``training.total_steps`` = ``--steps``, no
+evaluation (the reference figures are training returns) and ``training.episode_log`` on, into
+``runs/parity/NAME`` (ignored by git; its log next to it), NAME = ``<algo>_<task>_s<seed>`` plus
+``--tag``. Every finished training episode is read back from the run's ``episodes.csv``, and
+two curves are made from them, one per definition the reference uses:
+
+- ``window``: the mean return of the episodes that ended within 5,000 env steps either side of
+  a step (one-sided at the end of the run). The reference's curves are plotted that way: each
+  run's episodic returns interpolated onto 10,000 points of its 1M-step axis, then a centred
+  rolling mean over 100 points, i.e. 10,000 env steps. Its curve points are compared with this.
+- ``last100``: the mean of the latest 100 episodes (``Train/mean_reward``), the definition of
+  the reference's 1M-step tables. Early in a run with long episodes it averages most of the
+  run (at 100k env steps, 100 HalfCheetah episodes are the whole run).
+
+Saved to ``benchmarks/parity/results/NAME.json`` with the episodes, the command, the overrides,
+the wall time and the machine (cores, load before and after, what else was busy).
 
 ``--report`` reads every saved result and prints the parity table (task, algorithm, steps,
-raylab mean +/- sd over seeds at each reference point, the reference, wall time per run against
-the reference's) into ``benchmarks/parity/results/table.md``, and draws one plot per task and
-algorithm (``<algo>_<task>.png``): raylab's curve per seed and the reference's points (+/-10%,
-the accuracy they were read with). The reference figures and their source:
-``benchmarks/parity/references.json``.
+raylab mean +/- sd over seeds at each reference point by both definitions, the reference, wall
+time per run against the reference's) into ``benchmarks/parity/results/table.md``, and draws one
+plot per task and algorithm (``<algo>_<task>.png``): raylab's curves per seed and the
+reference's points (+/-10%, the accuracy they were read with). The reference figures and their
+source: ``benchmarks/parity/references.json``.
 """
 
 from __future__ import annotations
@@ -51,21 +60,44 @@ def family(task: str) -> str:
     return task.split("-v")[0]
 
 
-def curve_of(run: Path) -> List[List[float]]:
-    """[(env steps, Train/mean_reward)] of a run, from its event files."""
-    from raylab.metrics import schema as S
-    from raylab.metrics.extract import extract
-
-    return [[int(step), float(value)] for step, value in extract(run).column(S.TRAIN_MEAN_REWARD)]
+HALF_WINDOW = 5_000  # env steps either side: the reference's plot smoothing (see above)
 
 
-def value_at(curve: List[List[float]], step: int) -> Optional[float]:
-    """The training return logged last at or before ``step`` (None before the first one, or
-    when the run stopped more than 2% short of it)."""
-    before = [v for s, v in curve if s <= step]
-    if not before or curve[-1][0] < 0.98 * step:
+def episodes_of(run: Path) -> List[List[float]]:
+    """[(env steps when its iteration ended, return)] of every training episode of a run."""
+    from raylab.metrics.rundir import RunDirectory
+
+    return [[steps, ret] for steps, _, ret, _ in RunDirectory(run).read_episodes()]
+
+
+def last100(episodes: List[List[float]], step: int) -> Optional[float]:
+    """Mean return of the latest 100 episodes ended at or before ``step``."""
+    before = [r for s, r in episodes if s <= step][-100:]
+    return sum(before) / len(before) if before else None
+
+
+def window(episodes: List[List[float]], step: int) -> Optional[float]:
+    """Mean return of the episodes that ended within HALF_WINDOW env steps of ``step``."""
+    near = [r for s, r in episodes if abs(s - step) <= HALF_WINDOW]
+    return sum(near) / len(near) if near else None
+
+
+def value_at(result: dict, step: int, how) -> Optional[float]:
+    """A run's training return at ``step`` by ``how`` (:func:`window` or :func:`last100`);
+    None when the run stopped more than 2% short of ``step``."""
+    episodes = result.get("episodes") or []
+    if not episodes or result["env_steps"] < 0.98 * step:
         return None
-    return before[-1]
+    return how(episodes, step)
+
+
+def curve(episodes: List[List[float]], how, points: int = 200) -> List[List[float]]:
+    """``how`` at ``points`` evenly spaced steps over the run (for the plot)."""
+    if not episodes:
+        return []
+    end = episodes[-1][0]
+    steps = [end * (k + 1) // points for k in range(points)]
+    return [[s, v] for s in steps if (v := how(episodes, s)) is not None]
 
 
 def train_one(algo: str, task: str, seed: int, steps: int, tag: str, overrides: List[str]) -> dict:
@@ -89,6 +121,7 @@ def train_one(algo: str, task: str, seed: int, steps: int, tag: str, overrides: 
         "training.time_budget_s=null",
         "training.eval_every=0",
         "training.eval_before_train=false",
+        "training.episode_log=true",
         "training.terminal=plain",
         "resources.dashboard=false",
         *overrides,
@@ -100,7 +133,7 @@ def train_one(algo: str, task: str, seed: int, steps: int, tag: str, overrides: 
         rc = subprocess.run(train, stdout=log, stderr=subprocess.STDOUT).returncode
     wall = time.time() - t0
     summary = json.loads((run / "run_summary.json").read_text())
-    curve = curve_of(run)
+    episodes = episodes_of(run)
     result = {
         "name": name,
         "command": "python " + " ".join(shlex.quote(x) for x in sys.argv),
@@ -115,20 +148,41 @@ def train_one(algo: str, task: str, seed: int, steps: int, tag: str, overrides: 
         "time_total_s": summary.get("time_total_s"),
         "env_steps": summary.get("env_steps"),
         "status": summary.get("status"),
-        "curve": curve,
+        "episodes": episodes,
         "machine_before": before["machine"],
         "busy_at_start": before["busy"],
         "machine_after": machine_info(),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    final = curve[-1][1] if curve else float("nan")
+    end = result["env_steps"] or 0
+    final = [f(episodes, end) for f in (window, last100)]
     print(
-        f"== {name}: {result['env_steps']:,} env steps in {wall / 60:.1f} min, training return "
-        f"{final:.0f}; {RESULTS / (name + '.json')}",
+        f"== {name}: {end:,} env steps in {wall / 60:.1f} min, training return "
+        + " / ".join("-" if v is None else f"{v:.0f}" for v in final)
+        + f" (last 10,000 steps / last 100 episodes); {RESULTS / (name + '.json')}",
         flush=True,
     )
     return result
+
+
+def _at(result: dict, step: int, how) -> Optional[float]:
+    """:func:`value_at`, and for a result saved before the episode log (only its
+    ``Train/mean_reward`` curve, the last-100 definition) that curve's value."""
+    if "episodes" in result:
+        return value_at(result, step, how)
+    old = result.get("curve") or []
+    before = [v for s, v in old if s <= step]
+    if how is not last100 or not before or old[-1][0] < 0.98 * step:
+        return None
+    return before[-1]
+
+
+def _cell(values: List[float]) -> str:
+    if not values:
+        return "-"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):,.0f} +/- {sd:,.0f} ({len(values)})"
 
 
 def report() -> str:
@@ -136,29 +190,30 @@ def report() -> str:
     groups: Dict[tuple, List[dict]] = {}
     for path in sorted(RESULTS.glob("*.json")):
         r = json.loads(path.read_text())
-        if "curve" not in r:
+        if "episodes" not in r and "curve" not in r:
             continue
         key = (r["algo"], r["task"], tuple(r.get("overrides") or ()))
         groups.setdefault(key, []).append(r)
     lines = [
-        "| task | algorithm | overrides | env steps | raylab (mean +/- sd, seeds) | reference "
-        "| raylab wall time per run | reference wall time |",
-        "|---|---|---|---|---|---|---|---|",
+        "| task | algorithm | overrides | env steps | raylab, episodes within 5k steps (mean +/- "
+        "sd, seeds) | raylab, last 100 episodes | reference | raylab wall time per run "
+        "| reference wall time |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for (algo, task, overrides), runs in sorted(groups.items()):
         ref = refs.get(algo, {}).get(family(task), {})
         points = sorted(int(s) for s in ref.get("curve", {})) or [max(r["steps"] for r in runs)]
         for step in points:
-            values = [v for v in (value_at(r["curve"], step) for r in runs) if v is not None]
-            if not values:
+            near = [v for v in (_at(r, step, window) for r in runs) if v is not None]
+            last = [v for v in (_at(r, step, last100) for r in runs) if v is not None]
+            if not near and not last:
                 continue
-            sd = statistics.stdev(values) if len(values) > 1 else 0.0
             walls = [r["wall_s"] * step / max(r["env_steps"], 1) / 60 for r in runs]
             ref_value = ref.get("curve", {}).get(str(step))
             ref_wall = ref.get("wall_min_per_1M")
             lines.append(
                 f"| {task} | {algo} | {' '.join(overrides) or 'defaults'} | {step:,} "
-                f"| {statistics.mean(values):,.0f} +/- {sd:,.0f} ({len(values)}) "
+                f"| {_cell(near)} | {_cell(last)} "
                 f"| {f'{ref_value:,}' if ref_value is not None else '-'} "
                 f"| {statistics.mean(walls):.1f} min "
                 f"| {f'{ref_wall * step / 1e6:.1f} min' if ref_wall else '-'} |"
@@ -177,8 +232,18 @@ def _plot(algo: str, task: str, overrides: tuple, runs: List[dict], ref: dict) -
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in runs:
-        steps, values = zip(*r["curve"]) if r["curve"] else ((), ())
-        ax.plot(steps, values, lw=1.2, label=f"raylab seed {r['seed']}")
+        episodes = r.get("episodes")
+        if episodes is None:  # saved before the episode log: its last-100 curve only
+            drawn = [(r.get("curve") or [], "last 100 episodes", "--")]
+        else:
+            drawn = [
+                (curve(episodes, window), "episodes within 5k steps", "-"),
+                (curve(episodes, last100), "last 100 episodes", ":"),
+            ]
+        for points, what, style in drawn:
+            if points:
+                steps, values = zip(*points)
+                ax.plot(steps, values, style, lw=1.2, label=f"raylab seed {r['seed']}, {what}")
     points = sorted((int(s), v) for s, v in ref.get("curve", {}).items())
     if points:
         xs, ys = zip(*points)
@@ -192,7 +257,7 @@ def _plot(algo: str, task: str, overrides: tuple, runs: List[dict], ref: dict) -
             label="reference (read off its plot, +/-10%)",
         )
     ax.set_xlabel("env steps")
-    ax.set_ylabel("training return (last 100 episodes)")
+    ax.set_ylabel("training return")
     title = f"{algo.upper()} {task}" + (f" ({' '.join(overrides)})" if overrides else "")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)

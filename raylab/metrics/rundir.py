@@ -40,6 +40,7 @@ CONFIG_FILE = "run_config.json"
 SUMMARY_FILE = "run_summary.json"
 CHECKPOINT_DIR = "checkpoints"
 VIDEO_FILE = "play_video.mp4"
+EPISODES_FILE = "episodes.csv"  # training.episode_log: one row per finished episode
 
 STATUSES = ("running", "completed", "failed", "interrupted")
 REDACTED = "<redacted>"
@@ -423,7 +424,47 @@ class RunDirectory:
     def video_path(self) -> Path:
         return self.path / VIDEO_FILE
 
+    @property
+    def episodes_path(self) -> Path:
+        return self.path / EPISODES_FILE
+
     # ------------------------------------------------------------------ files
+    def append_episodes(self, env_steps: int, iteration: int, episodes) -> None:
+        """Append the (return, length) of the episodes that ended in training iteration
+        ``iteration`` (the run at ``env_steps`` when it ended) to ``episodes.csv``, header on
+        the first write; appended and closed per iteration, so a crash loses at most the
+        iteration in flight. A restored run redoes the iterations after its checkpoint: the
+        rows of those iterations written before are dropped first."""
+        path = self.episodes_path
+        last = getattr(self, "_last_episode_iteration", None)
+        if last is None and path.exists():
+            rows = self.read_episodes()
+            last = rows[-1][1] if rows else -1
+        if last is not None and iteration <= last:
+            kept = [r for r in self.read_episodes() if r[1] < iteration]
+            path.unlink()
+            if kept:
+                self._write_episode_rows([(s, i, r, n) for s, i, r, n in kept])
+        self._write_episode_rows([(env_steps, iteration, r, n) for r, n in episodes])
+        self._last_episode_iteration = int(iteration)
+
+    def _write_episode_rows(self, rows) -> None:
+        new = not self.episodes_path.exists()
+        with open(self.episodes_path, "a", encoding="utf-8") as f:
+            if new:
+                f.write("env_steps,iteration,return,length\n")
+            f.writelines(f"{int(s)},{int(i)},{float(r)!r},{int(n)}\n" for s, i, r, n in rows)
+
+    def read_episodes(self) -> list:
+        """``episodes.csv`` as [(env_steps, iteration, return, length)]."""
+        if not self.episodes_path.exists():
+            return []
+        rows = []
+        for line in self.episodes_path.read_text(encoding="utf-8").splitlines()[1:]:
+            steps, iteration, ret, length = line.split(",")
+            rows.append((int(steps), int(iteration), float(ret), int(length)))
+        return rows
+
     def write_config(self, config: Any) -> Path:
         """Write the composed config as ``run_config.json`` with secrets redacted."""
         return write_json_atomic(self.config_path, redact(config_to_dict(config)))

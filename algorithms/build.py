@@ -391,5 +391,7 @@ def _sac(cfg: DictConfig):
     config.torch_compile = a.torch_compile
     config.bf16_autocast = a.bf16_autocast
     config.critic_loss = a.critic_loss
-    config.learner_torch_threads = max(1, int(cfg.resources.num_cpus_per_learner))
+    config.learner_torch_threads = max(
+        1, int(a.learner_threads or cfg.resources.num_cpus_per_learner)
+    )
     return config.env_runners(env_runner_cls=RaylabSACEnvRunner)

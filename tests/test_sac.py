@@ -94,6 +94,8 @@ def learner():
             "algo.hidden=[32,32]",
             "algo.batch_size=16",
             "algo.grad_clip=null",
+            "algo.critic_loss=huber",  # what _reference_step writes out
+            "algo.learner_threads=1",  # built in this process: keep its torch threads
         ],
     )
     learner = build_algorithm_config(cfg).build_learner(env=gym.make("Pendulum-v1"))
@@ -329,3 +331,24 @@ def test_critic_loss_is_huber_or_the_mean_squared_td_error():
     assert losses["mse"] == pytest.approx(mse, rel=1e-5)
     assert losses["huber"] == pytest.approx(huber, rel=1e-5)
     assert losses["mse"] > 10 * losses["huber"]
+
+
+@pytest.mark.parametrize("threads", [None, 2, 64])
+def test_learner_threads_sets_the_update_threads_up_to_the_usable_cores(threads):
+    from raylab.algorithms.build import build_algorithm_config
+    from raylab.config import compose
+    from raylab.envs.core.backend import usable_cores
+
+    overrides = ["resources.num_learners=0", "algo.hidden=[32,32]"]
+    if threads is not None:
+        overrides.append(f"algo.learner_threads={threads}")
+    cfg = compose("sac", "microduck_balance", overrides=overrides)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        learner = build_algorithm_config(cfg).build_learner(env=gym.make("Pendulum-v1"))
+        # null: resources.num_cpus_per_learner (0.5 here), at least one thread
+        assert torch.get_num_threads() == min(threads or 1, usable_cores())
+        learner.shutdown()
+    finally:
+        torch.set_num_threads(before)

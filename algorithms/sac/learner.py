@@ -18,6 +18,7 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from raylab.algorithms import rllib_compat
 from raylab.algorithms.sac.replay import DeviceReplay
 from raylab.algorithms.sac.update import SACParts, sac_update
+from raylab.envs.core.backend import usable_cores
 from raylab.metrics import schema as S
 from raylab.metrics import trace
 from raylab.metrics import tracker as stats_tracker
@@ -61,7 +62,8 @@ class RaylabSACLearner(SACLearner, TorchLearner):
             trace.settings_from(cfg), role=f"learner-{rank}", process_name=f"Learner {rank}"
         )
         if self.device.type == "cpu":
-            torch.set_num_threads(max(1, int(cfg.learner_torch_threads)))
+            # at most the cores this learner's process may use
+            torch.set_num_threads(max(1, min(int(cfg.learner_torch_threads), usable_cores())))
         # The update thread logs while the request thread reduces: RLlib's MetricsLogger has no
         # public switch for that, so this sets the lock RLlib's own IMPALA learner sets.
         rllib_compat.make_metrics_reentrant(self)

@@ -246,8 +246,8 @@ class SACConfig(AlgoConfig):
     learner_threads: Optional[int] = option(
         None,
         "torch threads of a CPU learner's update (null: resources.num_cpus_per_learner, at "
-        "least 1; at most this machine's cores): SAC's update is its bottleneck, so where the "
-        "env is cheap a second thread buys 1.6x the updates",
+        "least 1; at most the learner's usable cores): for machines with cores to spare; on 2 "
+        "cores a second thread made SAC on HalfCheetah-v5 0.74x as fast",
     )
     torch_compile: bool = option(False, "torch.compile the fused update (GPU learners only)")
     bf16_autocast: bool = option(False, "bf16 autocast in the update (GPU learners only)")

@@ -155,17 +155,16 @@ GYMNASIUM_ALGO_DEFAULTS = {
     },
     # SAC on any Gymnasium id: the reference SAC's settings (critic and temperature learning
     # rate 1e-3, 5,000 random env steps first, no gradient clipping, the mean squared TD error,
-    # one batch-256 update per env step) on 8 envs, and two torch threads for the update, its
-    # bottleneck (one env steps cheaply next to it: 1.6x the updates per second). HalfCheetah-v5,
-    # 100k env steps, seed 0: MSE 5,437 / Huber 4,938 for the episodes ending near 88k
-    # (benchmarks/README.md, "Gymnasium parity").
+    # one batch-256 update per env step) on 8 envs. HalfCheetah-v5, 100k env steps, seed 0: MSE
+    # 5,543 / Huber 5,026 for the episodes ending near 96k (benchmarks/README.md, "Gymnasium
+    # parity"). The update stays on one torch thread: two ran it 1.6x faster alone but made the
+    # whole run 0.74x as fast on 2 cores (benchmarks/results/train_sac_halfcheetah_threads.json).
     "sac": {
         "critic_lr": 1e-3,
         "alpha_lr": 1e-3,
         "learning_starts": 5000,
         "grad_clip": None,
         "critic_loss": "mse",
-        "learner_threads": 2,
     },
 }
 GYMNASIUM_ENV_DEFAULTS = {"ppo": {"num_envs": 1}, "sac": {"num_envs": 8}}

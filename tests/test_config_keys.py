@@ -27,12 +27,15 @@ CHOICES = {
     "algo.lr_schedule": {"constant": "linear", "linear": "constant"},
 }
 
+# Optional integers whose default (null) is derived: a value to set instead.
+NONE_DEFAULTS = {"algo.learner_threads": 2}
+
 
 def _another(key, value):
     if key in CHOICES:
         return CHOICES[key][value]
     if value is None:  # an optional number whose default is "derived" (target_entropy)
-        return -1.0
+        return NONE_DEFAULTS.get(key, -1.0)
     if isinstance(value, bool):
         return not value
     if isinstance(value, int):

@@ -160,7 +160,7 @@ def train_one(algo: str, task: str, seed: int, steps: int, tag: str, overrides: 
     print(
         f"== {name}: {end:,} env steps in {wall / 60:.1f} min, training return "
         + " / ".join("-" if v is None else f"{v:.0f}" for v in final)
-        + f" (last 10,000 steps / last 100 episodes); {RESULTS / (name + '.json')}",
+        + f" (episodes of the last 5,000 steps / last 100 episodes); {RESULTS / (name + '.json')}",
         flush=True,
     )
     return result

@@ -100,6 +100,15 @@ class RaylabAlgorithmMixin(EnvErrorPolicy):
         trace.name_thread("iterations (driver timeline)")
         super().setup(config)
 
+    def cleanup(self) -> None:
+        # Tune stops a finished trial's algorithm (this), then Ray ends its process, possibly
+        # before the interpreter's exit handlers run: close this process's trace file here, as
+        # the EnvRunners do in stop(), so a healthy run leaves every trace a closed JSON array.
+        try:
+            super().cleanup()
+        finally:
+            trace.shutdown()
+
     def training_step(self):
         with trace.span("Training Step", "driver"):
             out = super().training_step()

@@ -15,6 +15,15 @@ across reports and restarts.
   result. The best evaluation score is kept in the checkpoint state too, and a result that
   improves it asks Tune for a checkpoint (``should_checkpoint``), which the driver keeps as the
   run's ``best`` checkpoint.
+- **Evaluation beside training** (``training.eval_background``, the default). The algorithm runs
+  each periodic evaluation on a thread of its own process at idle priority (Linux
+  ``SCHED_IDLE``, also for the evaluation env's physics threads, which that thread starts), on
+  the weights the Learner had when it started, while the iterations go on: the evaluation takes
+  the cores only when training leaves them idle, so it costs training little, and its results
+  come with the first result after it ends (one evaluation at a time: one that falls due while
+  another runs starts after it). An evaluation still running when the run stops is dropped.
+  The initial policy's evaluation (``eval_before_train``) stays before the first update, so that
+  its tags are written at env step 0 ahead of every other.
 - **The evaluated weights.** APPO's and SAC's Learners keep updating while the evaluation runs
   (their learner threads work through the batches already queued), so the Learner's weights in
   a checkpoint written after an evaluation are a few updates past the ones evaluated. A
@@ -26,6 +35,8 @@ across reports and restarts.
 
 from __future__ import annotations
 
+import os
+import threading
 from collections import deque
 from pathlib import Path
 from typing import Any, Dict, Iterable, Optional, Tuple
@@ -69,6 +80,56 @@ class RewardWindow:
         return float(arr[:, 0].mean()), float(arr[:, 1].mean())
 
 
+def idle_priority() -> bool:
+    """Put the calling thread (and the threads it starts from now on) at idle priority: Linux's
+    ``SCHED_IDLE``, else the lowest nice value. False where neither is allowed."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        return True
+    except (AttributeError, OSError):
+        pass
+    try:
+        os.nice(19)  # per thread on Linux
+        return True
+    except OSError:
+        return False
+
+
+class BackgroundEvaluation:
+    """One evaluation on the algorithm's local evaluation EnvRunner, on a thread at idle
+    priority (``training.eval_background``)."""
+
+    JOIN_S = 30.0  # how long stop() waits for a cancelled evaluation's thread
+
+    def __init__(self, runner, episodes: int):
+        self.runner, self.episodes = runner, int(episodes)
+        self.cancel = threading.Event()
+        self.metrics = None  # the runner's metrics once the episodes are done
+        self.error: Optional[BaseException] = None
+        self.thread = threading.Thread(target=self._run, name="raylab-evaluation", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        from raylab.algorithms.env_runner import EvaluationCancelled
+
+        idle_priority()
+        trace.name_thread("evaluation beside training")
+        try:
+            self.runner.evaluate_episodes(self.episodes, cancel=self.cancel)
+            self.metrics = self.runner.get_metrics()
+        except EvaluationCancelled:
+            pass
+        except BaseException as e:  # re-raised on the algorithm's thread
+            self.error = e
+
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+    def stop(self) -> None:
+        self.cancel.set()
+        self.thread.join(self.JOIN_S)
+
+
 class RaylabAlgorithmMixin(EnvErrorPolicy):
     """Reward window, evaluation before training and the best evaluation, for any of raylab's
     algorithms (put it before the RLlib Algorithm class); deterministic env errors stop the run
@@ -104,7 +165,11 @@ class RaylabAlgorithmMixin(EnvErrorPolicy):
         # Tune stops a finished trial's algorithm (this), then Ray ends its process, possibly
         # before the interpreter's exit handlers run: close this process's trace file here, as
         # the EnvRunners do in stop(), so a healthy run leaves every trace a closed JSON array.
+        # An evaluation beside training stops first (it steps the evaluation EnvRunner's env).
         try:
+            running = self.__dict__.pop("_background_eval", None)
+            if running is not None:
+                running.stop()
             super().cleanup()
         finally:
             trace.shutdown()
@@ -189,9 +254,8 @@ class RaylabAlgorithmMixin(EnvErrorPolicy):
         result[S.TRAIN_MEAN_EPISODE_LENGTH] = mean_length
 
         # RLlib carries the last evaluation's results into every later result: keep only an
-        # evaluation that ran in this iteration.
-        interval = self.config.evaluation_interval
-        if not (interval and self.iteration % interval == 0):
+        # evaluation that ended in this iteration.
+        if not self.__dict__.get("_evaluated_this_step"):
             result.pop(EVALUATION_RESULTS, None)
         # The best evaluation of a trained policy (the initial policy's, before training, is no
         # checkpoint's): a new best asks Tune to checkpoint this iteration.
@@ -205,7 +269,7 @@ class RaylabAlgorithmMixin(EnvErrorPolicy):
         if self.best_eval is not None:
             result[BEST_EVAL_KEY] = dict(self.best_eval)
 
-    # -- evaluation of the initial policy --------------------------------------------------
+    # -- evaluation of the initial policy, evaluation beside training ----------------------
     def step(self):
         before = None
         if self.iteration == 0 and getattr(self.config, "raylab_eval_before_train", False):
@@ -213,8 +277,11 @@ class RaylabAlgorithmMixin(EnvErrorPolicy):
             # Reported on their own, not again inside the first iteration's "evaluation".
             self.metrics.delete(EVALUATION_RESULTS, key_error=False)
         self._evaluated_this_step = False  # set by an evaluation inside the step
-        with trace.span("Algorithm Step", "driver"):
-            result = super().step()
+        if getattr(self.config, "raylab_eval_background", False):
+            result = self._step_beside_evaluation()
+        else:
+            with trace.span("Algorithm Step", "driver"):
+                result = super().step()
         if before is not None:
             result[EVAL_BEFORE_TRAIN_KEY] = before
         return result
@@ -223,6 +290,51 @@ class RaylabAlgorithmMixin(EnvErrorPolicy):
         out = super().evaluate(*args, **kwargs)
         self._evaluated_this_step = True
         return out
+
+    def _step_beside_evaluation(self):
+        """One iteration with the periodic evaluations on their own thread
+        (:class:`BackgroundEvaluation`): collect one that ended, else start one that is due,
+        then train."""
+        ended = self._collect_background_eval()
+        every = int(getattr(self.config, "raylab_eval_every", 0))
+        # A new one never starts in the iteration that reports the last: the checkpoint of
+        # that iteration saves the evaluated module.
+        if ended is None and every > 0 and self.__dict__.get("_background_eval") is None:
+            due = self.__dict__.get("_next_eval")
+            if due is None:  # (also after a restore)
+                due = self._next_eval = (self.iteration // every + 1) * every
+            if self.iteration >= due:
+                self._start_background_eval()
+                self._next_eval = self.iteration + every
+        with trace.span("Algorithm Step", "driver"):
+            result = super().step()
+        if ended is not None:
+            result[EVALUATION_RESULTS] = ended
+            self._evaluated_this_step = True  # its module goes into this checkpoint
+        return result
+
+    def _start_background_eval(self) -> None:
+        # The weights the Learner has now, as RLlib's evaluate() syncs them.
+        self.eval_env_runner_group.sync_weights(
+            from_worker_or_learner_group=self.learner_group, inference_only=True
+        )
+        self._background_eval = BackgroundEvaluation(
+            self.eval_env_runner, int(self.config.evaluation_duration)
+        )
+
+    def _collect_background_eval(self) -> Optional[Dict[str, Any]]:
+        """RLlib's evaluation results of an evaluation that ended, else None."""
+        running = self.__dict__.get("_background_eval")
+        if running is None or not running.done():
+            return None
+        self._background_eval = None
+        if running.error is not None:
+            raise running.error
+        # As RLlib's evaluate() turns the evaluation EnvRunner's metrics into its results.
+        self.metrics.aggregate([running.metrics], key=(EVALUATION_RESULTS, ENV_RUNNER_RESULTS))
+        evaluation = self.metrics.peek(EVALUATION_RESULTS, default={}, latest_merged_only=True)
+        self.metrics.delete(EVALUATION_RESULTS, key_error=False)
+        return evaluation
 
     # -- checkpoint state ------------------------------------------------------------------
     def save_checkpoint(self, checkpoint_dir: str) -> None:

@@ -186,6 +186,8 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
         .fault_tolerance(**env_runner_restarts(cfg), delay_between_env_runner_restarts_s=1.0)
     )
     config.raylab_eval_before_train = bool(cfg.training.eval_before_train)
+    config.raylab_eval_background = bool(cfg.training.eval_background)
+    config.raylab_eval_every = int(cfg.training.eval_every)
     config.raylab_episode_log = bool(cfg.training.episode_log)
     config.raylab_eval_seed = int(cfg.training.eval_seed)
     return config
@@ -253,8 +255,10 @@ def evaluation_options(cfg: DictConfig, runner_cls) -> Dict[str, Any]:
     t = cfg.training
     active = t.eval_every > 0 or t.eval_before_train
     # RLlib creates the evaluation group only for an interval: evaluating just the initial
-    # policy takes one that never comes round.
-    interval = int(t.eval_every) or (NEVER if active else None)
+    # policy takes one that never comes round. Beside training (training.eval_background) the
+    # algorithm starts the evaluations itself (raylab.algorithms.algorithm), so RLlib's never
+    # comes round either.
+    interval = None if not active else NEVER if t.eval_background else int(t.eval_every) or NEVER
     return dict(
         evaluation_interval=interval,
         evaluation_duration=int(t.eval_episodes),

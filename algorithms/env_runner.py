@@ -214,6 +214,10 @@ class RaylabFastEnvRunner(RaylabEnvRunner):
         )
 
 
+class EvaluationCancelled(Exception):
+    """An evaluation beside training stopped early (the run ended while it ran)."""
+
+
 class RaylabEvalEnvRunner(RaylabEnvRunner):
     """Evaluation EnvRunner: ``sample(num_episodes=N)`` without exploration runs N episodes of
     :func:`raylab.algorithms.evaluation.run_policy_episodes` and reports their statistics as the
@@ -221,6 +225,7 @@ class RaylabEvalEnvRunner(RaylabEnvRunner):
     weight)."""
 
     _eval_env = None
+    _eval_beside = False  # the env was built for an evaluation beside training
     _trace_role = ("eval_env_runner", "Eval EnvRunner")
 
     def __repr__(self) -> str:
@@ -246,6 +251,14 @@ class RaylabEvalEnvRunner(RaylabEnvRunner):
                 force_reset=force_reset,
                 **kwargs,
             )
+        self.evaluate_episodes(int(num_episodes))
+        return []
+
+    def evaluate_episodes(self, num_episodes: int, cancel=None) -> None:
+        """Run ``num_episodes`` deterministic episodes of this runner's module and put their
+        statistics (``Eval/*``) into its metrics. ``cancel`` (a ``threading.Event``): set, the
+        episodes stop at the next env step with :class:`EvaluationCancelled` (an evaluation
+        beside training, ``training.eval_background``, when the run stops)."""
         from raylab.algorithms.evaluation import (
             MAX_EVAL_ENVS,
             deterministic_policy,
@@ -254,28 +267,44 @@ class RaylabEvalEnvRunner(RaylabEnvRunner):
         )
 
         n = int(min(num_episodes, MAX_EVAL_ENVS))
-        if self._eval_env is None or self._eval_env.num_envs != n:
+        # Beside training the env is built on the (idle-priority) evaluation thread, so that its
+        # physics threads start at that priority; one built for an evaluation in line (the
+        # initial policy's) is rebuilt once.
+        beside = cancel is not None
+        if self._eval_env is None or self._eval_env.num_envs != n or self._eval_beside != beside:
             if self._eval_env is not None:
                 self._eval_env.close()
             mode = self.config.gym_env_vectorize_mode
             batched = getattr(mode, "value", mode) == "vector_entry_point"
             self._eval_env = eval_vec_env(self.config.env, self.config.env_config, n, batched)
+            self._eval_beside = beside
         self.module.eval()
         space = self._eval_env.single_action_space
         seed = int(getattr(self.config, "raylab_eval_seed", 0))
+        policy = deterministic_policy(self.module, space)
+        if cancel is not None:
+            act = policy
+
+            def policy(obs):
+                if cancel.is_set():
+                    raise EvaluationCancelled
+                return act(obs)
+
         t0 = time.perf_counter()
         # One intra-op torch thread while the evaluation runs (one_torch_thread's reason: the
         # idle OpenMP workers spin on the physics threads' cores; a default evaluation took
         # 6.0 s with torch's 2 threads and 4.8 s with 1), then the process's own setting again:
-        # this is the algorithm's process, where a local Learner may train.
+        # this is the algorithm's process, where a local Learner may train. Beside training
+        # (``cancel`` given) the setting, which is the process's, is left alone: the local
+        # Learner trains meanwhile, and the evaluation's threads run at idle priority.
         threads = torch.get_num_threads()
-        torch.set_num_threads(1)
+        if cancel is None:
+            torch.set_num_threads(1)
         try:
-            stats = run_policy_episodes(
-                deterministic_policy(self.module, space), self._eval_env, int(num_episodes), seed
-            )
+            stats = run_policy_episodes(policy, self._eval_env, int(num_episodes), seed)
         finally:
-            torch.set_num_threads(threads)
+            if cancel is None:
+                torch.set_num_threads(threads)
         tracker = stats_tracker.get(EVAL_TRACKER)
         t1 = time.perf_counter()
         tracker.scalar(**{S.PERF_EVALUATION_MS: (t1 - t0) * 1000.0})
@@ -285,7 +314,6 @@ class RaylabEvalEnvRunner(RaylabEnvRunner):
         if stats["survivals"] is not None:
             tracker.scalar_series(**{S.EVAL_SURVIVAL: np.asarray(stats["survivals"])})
         push_partial_state(self.metrics, EVAL_TRACKER)
-        return []
 
     def stop(self):
         if self._eval_env is not None:

@@ -101,6 +101,12 @@ class TrainingConfig:
     eval_before_train: bool = option(
         True, "also evaluate the initial policy once before the first update (Eval/* at step 0)"
     )
+    eval_background: bool = option(
+        True,
+        "run each evaluation beside training, on a thread at idle priority in the algorithm's "
+        "process (its results come with the first iteration after it ends); false: after the "
+        "iteration's training, which waits for it",
+    )
     eval_episodes: int = option(
         100, "episodes per evaluation (episode k seeded eval_seed + k): the baselines' protocol"
     )

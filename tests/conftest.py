@@ -197,6 +197,9 @@ COMMON = [
     "algo.hidden=[64,64]",
     f"training.eval_every={EVAL_EVERY}",
     f"training.eval_episodes={EVAL_EPISODES}",
+    # The readers count evaluations by iteration: the in-line path, whose timing is exact
+    # (evaluation beside training, the default, has its own run: test_eval_background.py).
+    "training.eval_background=false",
     "training.episode_log=true",
 ]
 TRACED = ("training.trace_enabled=true", "training.trace_thread_time=true")
@@ -280,6 +283,7 @@ MODULE_SECONDS = {
     "test_cluster_placement.py": 165,
     "test_jobs.py": 105,
     "test_gym_learning.py": 110,
+    "test_eval_background.py": 80,
     "test_multi_learner.py": 70,
     "test_tune_futures.py": 40,
 }

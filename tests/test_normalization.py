@@ -96,6 +96,7 @@ def _train(algo_name: str, path):
         "training.eval_every=2",
         "training.eval_episodes=2",
         "training.eval_before_train=false",
+        "training.eval_background=false",  # the test calls evaluate() itself
     ]
     if algo_name == "ppo":
         overrides += ["algo.train_batch_size=1024", "algo.minibatch_size=256", "algo.num_epochs=1"]

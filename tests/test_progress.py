@@ -44,6 +44,7 @@ PROBE = [
     f"training.reward_window={WINDOW}",
     f"training.eval_every={EVAL_EVERY}",
     f"training.eval_episodes={EVAL_EPISODES}",
+    "training.eval_background=false",  # evaluations at exact iterations
     "training.checkpoint_every=0",
     "resources.dashboard=false",
     "training.terminal=plain",

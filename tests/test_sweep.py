@@ -111,6 +111,7 @@ def test_two_trial_sweep_end_to_end(tmp_path, idle_head):
             "training.eval_every=2",
             "training.eval_episodes=2",
             "training.eval_before_train=false",
+            "training.eval_background=false",  # trials of a few iterations: evaluations in line
         ],
         # a second, long key: the printed table must hold every column name in full
         # and a list-valued key (the summary holds it as a list)

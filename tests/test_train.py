@@ -444,6 +444,8 @@ def test_appo_takes_headroom_within_10_minutes(tmp_path):
         # Evaluate twice as often as the default: the run stops at the first evaluation past
         # the bar, so this decides how soon after learning the test ends.
         "training.eval_every=50",
+        # Calibrated with the evaluations in line (each stops the iterations while it runs).
+        "training.eval_background=false",
         f"training.stop_eval_reward={stop_at:.3f}",
         "resources.dashboard=false",
         "training.terminal=plain",

@@ -242,7 +242,8 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "Mean return of the evaluation's training.eval_episodes episodes: deterministic "
         "actions, episode k seeded training.eval_seed + k, every training.eval_every "
         "iterations (and once before the first update with training.eval_before_train, "
-        "logged at env step 0); the protocol of `raylab eval`",
+        "logged at env step 0); beside training (training.eval_background) logged at the "
+        "first iteration after it ends; the protocol of `raylab eval`",
     ),
     _spec(
         EVAL_MEAN_EPISODE_LENGTH,
@@ -565,8 +566,9 @@ _SPECS: Tuple[MetricSpec, ...] = (
         "ms",
         "mean",
         _ALL,
-        "Wall time of the evaluation that ran in this iteration (its episodes on the "
-        "evaluation EnvRunner); reported with the Eval/* tags, not a learner phase",
+        "Wall time of the evaluation reported in this iteration (its episodes on the "
+        "evaluation EnvRunner; beside training, at idle priority, mostly waiting for idle "
+        "cores); reported with the Eval/* tags, not a learner phase",
         kind="runner",
         label="Eval Time",
     ),

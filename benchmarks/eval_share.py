@@ -12,12 +12,14 @@ mean interval between evaluations and the ``training.eval_every`` the run used.
 ``--compare`` runs ``raylab train`` with the defaults of ``make train`` (and the overrides after
 ``--``) three ways, one after the other in each round: evaluation off
 (``training.eval_every=0 training.eval_before_train=false``), in line
-(``training.eval_background=false``) and beside training (the default). The cost of an
-evaluation setting is the env steps its run sampled short of the same round's run without
-evaluation (``1 - steps / steps_off``, the share of the run's time that went to evaluating),
-and the drop of ``Perf/total_fps`` on the iterations during which an evaluation ran (from the
-report's wall time back by ``Perf/evaluation_ms``; the first 20 s of a run left out) against
-the run's other iterations. Saved as JSON with the command, the machine and its load.
+(``training.eval_background=false``) and beside training (the default). Reported per run: the
+drop of ``Perf/total_fps`` on the iterations during which an evaluation ran (from the report's
+wall time back by ``Perf/evaluation_ms``; the first 20 s of a run left out) against the run's
+other iterations; the in-run cost (``in_run_cost``): the initial evaluation's time plus the
+windows' length times that drop, over the run's wall time; and the env steps against the same
+round's run without evaluation (``cost_vs_off``: host speed drifts by more than an evaluation
+costs between runs minutes apart, so this one is noisy). ``--analyse-only`` reads the kept runs
+again. Saved as JSON with the command, the machine and its load.
 """
 
 from __future__ import annotations
@@ -100,43 +102,77 @@ def fps_during(table, windows) -> dict:
     return {"fps_during_eval": mean(during), "fps_otherwise": mean(other), "fps_drop": drop}
 
 
+def in_run_cost(table, wall_s: float) -> dict:
+    """What evaluating cost the run, measured inside it: the initial evaluation's whole time
+    (nothing trains before it) plus, for every later evaluation, its window's length times the
+    Steps/s drop during the windows; as a share of the run's wall time. Host speed drifts by
+    more than an evaluation's cost between runs minutes apart, so this is compared across
+    settings, not the runs' env step totals."""
+    from raylab.metrics import schema as S
+
+    windows = eval_windows(table)
+    fps = fps_during(table, windows)
+    evals = dict(table.column(S.PERF_EVALUATION_MS)) if S.PERF_EVALUATION_MS in table.tags else {}
+    initial_s = evals.get(0, 0.0) / 1000.0
+    window_s = sum(b - a for a, b in windows)
+    lost_s = initial_s + (fps["fps_drop"] or 0.0) * window_s
+    return {
+        **fps,
+        "initial_eval_s": round(initial_s, 2),
+        "eval_window_s": round(window_s, 1),
+        "lost_s": round(lost_s, 2),
+        "in_run_cost": round(lost_s / wall_s, 4) if wall_s > 0 else None,
+    }
+
+
+def analyse(run: Path, name: str) -> dict:
+    from raylab.metrics.extract import extract
+
+    summary = json.loads((run / "run_summary.json").read_text())
+    table = extract(run)
+    wall = float(summary["time_total_s"])
+    return {
+        "run": str(run),
+        "env_steps": max(table.steps),
+        "wall_s": round(wall, 1),
+        **({} if name == "off" else share(run)),
+        **({} if name == "off" else in_run_cost(table, wall)),
+    }
+
+
 def compare(args, overrides) -> dict:
     import subprocess
-
-    from raylab.metrics.extract import extract
 
     rounds = []
     for r in range(args.rounds):
         row = {}
         for name, extra in VARIANTS.items():
             run = args.keep / f"r{r}_{name}"
-            cmd = [
-                str(Path(sys.executable).with_name("raylab")),
-                "train",
-                f"training.log_dir={run}",
-                "training.terminal=plain",
-                "resources.dashboard=false",
-                *extra,
-                *overrides,
-            ]
-            print(f"round {r + 1}/{args.rounds}, evaluation {name}: {' '.join(cmd)}", flush=True)
-            with open(f"{run}.log", "w") as log:
-                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
-            if rc != 0:
-                raise SystemExit(f"eval_share: the run failed (exit {rc}); its output: {run}.log")
-            summary = json.loads((run / "run_summary.json").read_text())
-            table = extract(run)
-            steps = max(table.steps)
-            row[name] = {
-                "run": str(run),
-                "env_steps": steps,
-                "wall_s": round(float(summary["time_total_s"]), 1),
-                **({} if name == "off" else share(run)),
-                **fps_during(table, eval_windows(table)),
-            }
-            print(f"  {steps:,} env steps in {row[name]['wall_s']} s", flush=True)
-        for name in ("in_line", "beside"):
-            row[name]["cost"] = round(1.0 - row[name]["env_steps"] / row["off"]["env_steps"], 4)
+            if not args.analyse_only:
+                cmd = [
+                    str(Path(sys.executable).with_name("raylab")),
+                    "train",
+                    f"training.log_dir={run}",
+                    "training.terminal=plain",
+                    "resources.dashboard=false",
+                    *extra,
+                    *overrides,
+                ]
+                print(
+                    f"round {r + 1}/{args.rounds}, evaluation {name}: {' '.join(cmd)}", flush=True
+                )
+                with open(f"{run}.log", "w") as log:
+                    rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+                if rc != 0:
+                    raise SystemExit(
+                        f"eval_share: the run failed (exit {rc}); its output: {run}.log"
+                    )
+            row[name] = analyse(run, name)
+            print(f"  {row[name]['env_steps']:,} env steps in {row[name]['wall_s']} s", flush=True)
+        for name in ("in_line", "beside"):  # across runs: host drift included
+            row[name]["cost_vs_off"] = round(
+                1.0 - row[name]["env_steps"] / row["off"]["env_steps"], 4
+            )
         rounds.append(row)
     return {"rounds": rounds}
 
@@ -153,6 +189,9 @@ def main(argv=None) -> int:
     p.add_argument("--compare", action="store_true", help="train off / in line / beside")
     p.add_argument("--rounds", type=int, default=2, help="--compare: rounds of the three runs")
     p.add_argument("--keep", type=Path, default=Path("runs/eval_share"), help="--compare: runs")
+    p.add_argument(
+        "--analyse-only", action="store_true", help="--compare: read the kept runs, train none"
+    )
     args = p.parse_args(argv)
     if args.compare:
         args.keep.mkdir(parents=True, exist_ok=True)
@@ -164,9 +203,12 @@ def main(argv=None) -> int:
             for name in ("in_line", "beside"):
                 r = row[name]
                 print(
-                    f"round {i + 1}, {name}: cost {100 * r['cost']:.1f}% of the env steps "
-                    f"({r['env_steps']:,} vs {row['off']['env_steps']:,}); Steps/s during "
-                    f"evaluations {r['fps_during_eval']} vs {r['fps_otherwise']} otherwise"
+                    f"round {i + 1}, {name}: in-run cost {100 * r['in_run_cost']:.1f}% of the "
+                    f"wall time (initial evaluation {r['initial_eval_s']} s, Steps/s during the "
+                    f"later ones {r['fps_during_eval']} vs {r['fps_otherwise']} otherwise over "
+                    f"{r['eval_window_s']} s); env steps {r['env_steps']:,} vs "
+                    f"{row['off']['env_steps']:,} without evaluation "
+                    f"({100 * r['cost_vs_off']:+.1f}%)"
                 )
         if args.out:
             out = {"command": command, "machine": before, "machine_after": machine_info(), **out}

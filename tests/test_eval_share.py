@@ -48,3 +48,12 @@ def test_steps_per_second_during_evaluations_against_the_rest_after_warm_up():
     assert got["fps_otherwise"] == pytest.approx(1000.0)  # from t >= 1019 s: no warm-up outlier
     assert got["fps_drop"] == pytest.approx(1 - ((5 * 500 + 1000) / 6) / 1000, abs=1e-3)
     assert eval_share.fps_during(t, [])["fps_drop"] is None  # no evaluation: nothing to compare
+
+
+def test_the_in_run_cost_is_the_initial_evaluation_plus_the_drop_over_the_windows():
+    t = table()
+    got = eval_share.in_run_cost(t, wall_s=60.0)
+    drop = 1 - ((5 * 500 + 1000) / 6) / 1000
+    assert got["initial_eval_s"] == 4.0 and got["eval_window_s"] == 5.0
+    assert got["lost_s"] == pytest.approx(4.0 + drop * 5.0, abs=0.01)
+    assert got["in_run_cost"] == pytest.approx((4.0 + drop * 5.0) / 60.0, abs=1e-3)

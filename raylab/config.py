@@ -96,7 +96,7 @@ class TrainingConfig:
         100,
         "evaluate every N training iterations (0: off): deterministic actions on fixed seeds, "
         "reported as Eval/*; the best score's checkpoint is kept as checkpoints/best; the "
-        "default costs about 5% of a default run's wall time (docs/training.md)",
+        "defaults cost a default 3-minute run about 4% of its wall time (docs/training.md)",
     )
     eval_before_train: bool = option(
         True, "also evaluate the initial policy once before the first update (Eval/* at step 0)"

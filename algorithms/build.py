@@ -196,7 +196,8 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
 def rl_module_options(cfg: DictConfig) -> Dict[str, Any]:
     """The RLModule: RLlib's default MLP one, or raylab's (PPO / APPO) where an option needs it:
     ``env.privileged_obs`` (the asymmetric actor-critic whose policy does not see the
-    privileged part), ``algo.max_log_std`` (a bounded policy std) or ``algo.normalize_obs``
+    privileged part), ``algo.max_log_std`` (a bounded policy std, ``algo.final_max_log_std``
+    its schedule) or ``algo.normalize_obs``
     (running observation normalisation inside the module) or ``algo.scale_rewards`` (the return
     statistics the reward scaling keeps in the module)."""
     model_config = {
@@ -214,14 +215,18 @@ def rl_module_options(cfg: DictConfig) -> Dict[str, Any]:
 
     from raylab.algorithms.modules import (
         ACTOR_OBS_DIM,
+        FINAL_MAX_LOG_STD,
         MAX_LOG_STD,
         MODULES,
         NORMALIZE_OBS,
         SCALE_REWARDS,
+        SCHEDULE_STEPS,
     )
 
     model_config[ACTOR_OBS_DIM] = actor_obs_dim(cfg) if privileged else None  # None: all
     model_config[MAX_LOG_STD] = max_log_std
+    model_config[FINAL_MAX_LOG_STD] = cfg.algo.get("final_max_log_std")
+    model_config[SCHEDULE_STEPS] = int(cfg.training.total_steps)
     model_config[NORMALIZE_OBS] = normalize
     model_config[SCALE_REWARDS] = scale_rewards
     return {

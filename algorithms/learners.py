@@ -30,6 +30,7 @@ from ray.rllib.algorithms.impala.impala_learner import IMPALALearner
 from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 from ray.rllib.core.columns import Columns
 from ray.rllib.evaluation.postprocessing import Postprocessing
+from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 
 from raylab.algorithms import rllib_compat
 from raylab.metrics import schema as S
@@ -111,6 +112,10 @@ class _TimedLearnerMixin:
             norm = self._obs_norm(module_id)
             if norm is not None:
                 norm.commit()  # this update's observations join the statistics now
+            module = self.module[module_id]
+            module = module.unwrapped() if hasattr(module, "unwrapped") else module
+            if getattr(module, "log_std_bound", None) is not None:  # algo.final_max_log_std
+                module.set_log_std_bound(int(timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0)))
         t0 = getattr(self, "_learning_t0", None)
         if t0 is not None and self.timeline.on_owner_thread():
             now = time.perf_counter()

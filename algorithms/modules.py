@@ -4,7 +4,12 @@
 module, with two options. ``algo.max_log_std`` bounds the policy's log std softly
 (``max - softplus(max - raw)``: close to the raw output well below the bound, never above it),
 so that a policy trained without an entropy bonus on clipped actions cannot widen its sampling
-distribution until every sampled action saturates. And its policy sees only the first
+distribution until every sampled action saturates; with ``algo.final_max_log_std`` the bound
+is a buffer of the module that the Learner moves linearly to that value over
+``training.total_steps`` env steps (:func:`scheduled_log_std_bound`), so the policy learns to
+act with little noise late in training and its mean action becomes the controller that
+evaluation runs; the buffer travels with the weights like the observation statistics below.
+And its policy sees only the first
 ``actor_obs_dim`` observation entries, while the value function sees all of them. A task with
 ``env.privileged_obs=true`` appends privileged state (true trunk velocity, height, foot contacts)
 after the policy's observation; the critic's value estimates use it, the policy (what runs on
@@ -40,6 +45,8 @@ from raylab.algorithms.rllib_compat import old_policy
 
 ACTOR_OBS_DIM = "actor_obs_dim"  # model_config keys
 MAX_LOG_STD = "max_log_std"
+FINAL_MAX_LOG_STD = "final_max_log_std"
+SCHEDULE_STEPS = "log_std_schedule_steps"
 NORMALIZE_OBS = "normalize_obs"
 SCALE_REWARDS = "scale_rewards"
 OBS_CLIP = 10.0  # normalised observations are clipped to [-OBS_CLIP, OBS_CLIP]
@@ -127,8 +134,15 @@ def bound_log_std(dist_inputs: torch.Tensor, max_log_std) -> torch.Tensor:
     if max_log_std is None:
         return dist_inputs
     mean, log_std = dist_inputs.chunk(2, dim=-1)
-    bound = float(max_log_std)
+    bound = max_log_std if torch.is_tensor(max_log_std) else float(max_log_std)
     return torch.cat([mean, bound - torch.nn.functional.softplus(bound - log_std)], dim=-1)
+
+
+def scheduled_log_std_bound(start: float, final: float, steps: int, env_steps: int) -> float:
+    """The log-std bound after ``env_steps`` env steps: linear from ``start`` at 0 to ``final``
+    at ``steps``, then constant."""
+    frac = min(1.0, max(0.0, env_steps / max(1, steps)))
+    return start + (final - start) * frac
 
 
 class _Asymmetric:
@@ -145,6 +159,24 @@ class _Asymmetric:
         )
         # algo.scale_rewards: the discounted returns' statistics (raylab.algorithms.reward_scaling)
         self.return_norm = RunningObsNorm(1) if self.model_config.get(SCALE_REWARDS) else None
+        # algo.final_max_log_std: the scheduled bound, moved by the Learner (set_log_std_bound)
+        if self.model_config.get(FINAL_MAX_LOG_STD) is not None:
+            start = float(self.model_config[MAX_LOG_STD])
+            self.register_buffer("log_std_bound", torch.tensor(start, dtype=torch.float32))
+        else:
+            self.log_std_bound = None
+
+    def set_log_std_bound(self, env_steps: int) -> None:
+        """Move the scheduled bound to where it is after ``env_steps`` env steps sampled."""
+        if self.log_std_bound is None:
+            return
+        value = scheduled_log_std_bound(
+            float(self.model_config[MAX_LOG_STD]),
+            float(self.model_config[FINAL_MAX_LOG_STD]),
+            int(self.model_config[SCHEDULE_STEPS]),
+            env_steps,
+        )
+        self.log_std_bound.fill_(value)
 
     def _normalized(self, batch: Dict[str, Any]) -> Dict[str, Any]:
         if self.obs_norm is None:
@@ -165,6 +197,8 @@ class _Asymmetric:
         return {Columns.ACTION_DIST_INPUTS: self._bounded(self.pi(actor))}
 
     def _bounded(self, dist_inputs: torch.Tensor) -> torch.Tensor:
+        if self.log_std_bound is not None:
+            return bound_log_std(dist_inputs, self.log_std_bound)
         return bound_log_std(dist_inputs, self.model_config.get(MAX_LOG_STD))
 
     def _forward_train(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:

@@ -182,6 +182,11 @@ class OnPolicyConfig(AlgoConfig):
         None,
         "soft upper bound of the policy's log std (max - softplus(max - raw)); null: unbounded",
     )
+    final_max_log_std: Optional[float] = option(
+        None,
+        "move the max_log_std bound linearly to this value at training.total_steps env steps, "
+        "so the exploration noise shrinks late in training (null: the bound stays constant)",
+    )
     scale_rewards: bool = option(
         False,
         "divide the rewards the learner trains on by the running std of the discounted return "
@@ -535,6 +540,11 @@ TRACE_OPTIONS = ("trace_output_dir", "trace_thread_time", "trace_cuda_events")
 
 def _check_unsupported(cfg: DictConfig, spec: TaskSpec) -> None:
     """Options that would be accepted and then fail or do nothing: refused with one line."""
+    if cfg.algo.get("final_max_log_std") is not None and cfg.algo.get("max_log_std") is None:
+        raise UserError(
+            f"algo.final_max_log_std={cfg.algo.final_max_log_std} needs a starting bound: set "
+            "algo.max_log_std too (the bound moves from it to final_max_log_std)"
+        )
     if cfg.training.stop_eval_reward is not None and int(cfg.training.eval_every) <= 0:
         raise UserError(
             f"training.stop_eval_reward={cfg.training.stop_eval_reward} does nothing with "

@@ -286,6 +286,7 @@ NO_RAY_REFUSALS = [
         ["training.stop_eval_reward=300", "training.eval_every=0"],
         ["training.stop_eval_reward=300", "training.eval_every=0"],
     ),
+    (["algo.final_max_log_std=-2"], ["algo.final_max_log_std=-2.0", "algo.max_log_std"]),
 ]
 
 

@@ -196,3 +196,39 @@ def test_max_log_std_bounds_the_policy_std_softly():
         assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in module.pi.parameters())
     # Without the option the module is RLlib's default one.
     assert "rl_module_spec" not in rl_module_options(compose("appo", "microduck_balance"))
+
+
+def test_the_scheduled_log_std_bound_moves_linearly_then_stays():
+    """algo.final_max_log_std: the module's bound is max_log_std at env step 0, moves linearly
+    to final_max_log_std at training.total_steps and stays there; the std follows it down."""
+    from raylab.algorithms.modules import scheduled_log_std_bound
+
+    assert scheduled_log_std_bound(1.0, -2.0, 1000, 0) == 1.0
+    assert scheduled_log_std_bound(1.0, -2.0, 1000, 500) == pytest.approx(-0.5)
+    assert scheduled_log_std_bound(1.0, -2.0, 1000, 5000) == -2.0
+
+    overrides = ["algo.max_log_std=1.0", "algo.final_max_log_std=-2.0", "training.total_steps=1000"]
+    cfg = compose("ppo", "microduck_balance", "mujoco", overrides)
+    spec = rl_module_options(cfg)["rl_module_spec"]
+    env = gym.make_vec(cfg.env.gym_id, num_envs=1, vectorization_mode="vector_entry_point")
+    module = RLModuleSpec(
+        module_class=spec.module_class,
+        observation_space=env.single_observation_space,
+        action_space=env.single_action_space,
+        model_config=spec.model_config,
+    ).build()
+    env.close()
+    obs = torch.randn(8, module.observation_space.shape[0])
+
+    def max_log_std():
+        with torch.no_grad():
+            out = module.forward_inference({Columns.OBS: obs})[Columns.ACTION_DIST_INPUTS]
+        return float(out[:, 14:].max())
+
+    assert float(module.log_std_bound) == 1.0
+    early = max_log_std()
+    module.set_log_std_bound(750)
+    assert float(module.log_std_bound) == pytest.approx(-1.25)
+    late = max_log_std()
+    assert late < -1.25 < early
+    assert "log_std_bound" in module.get_state()  # it travels with the weights

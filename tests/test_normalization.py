@@ -2,7 +2,8 @@
 (algorithms/modules.py, RunningObsNorm), updated by the Learner, carried with the weights into
 the EnvRunners and the checkpoints, untouched by evaluation. algo.scale_rewards: the learner
 trains on rewards divided by the running std of the discounted return
-(algorithms/reward_scaling.py); reported returns stay the task's."""
+(algorithms/reward_scaling.py); reported returns stay the task's. algo.final_max_log_std: the
+log-std bound the Learner moves with the env steps, carried the same way."""
 
 from __future__ import annotations
 
@@ -74,8 +75,8 @@ def _actions(module, obs):
 
 def _train(algo_name: str, path):
     """One real Algorithm in this process (the test process's Ray) with all three options on:
-    observation normalisation, reward scaling and the linear learning-rate schedule (to 0 at
-    8,192 env steps). Trained until its Learner has taken in at least 4,096 observations, then
+    observation normalisation, reward scaling, the linear learning-rate schedule (to 0 at
+    8,192 env steps) and the log-std bound's schedule (from 1 to -2 over the same steps). Trained until its Learner has taken in at least 4,096 observations, then
     its statistics are read on the Learner and (after a sync) on the EnvRunner, once more after
     an evaluation, and it is checkpointed. One run serves every test of its algorithm below."""
     from raylab.algorithms.build import build_algorithm_config
@@ -88,6 +89,8 @@ def _train(algo_name: str, path):
         "algo.scale_rewards=true",
         "algo.lr_schedule=linear",
         "algo.lr=0.001",
+        "algo.max_log_std=1.0",
+        "algo.final_max_log_std=-2.0",
         "training.total_steps=8192",
         "resources.num_env_runners=1",
         "env.num_envs=4",
@@ -116,6 +119,7 @@ def _train(algo_name: str, path):
             "obs": stats(module),
             "returns": (module.return_norm.count.item(), float(module.return_norm.var[0].sqrt())),
             "lr": optimizer.param_groups[0]["lr"],
+            "bound": float(module.log_std_bound),
         }
 
     out = {}
@@ -129,6 +133,9 @@ def _train(algo_name: str, path):
         algo.env_runner_group.sync_weights(from_worker_or_learner_group=algo.learner_group)
         (out["runner"],) = algo.env_runner_group.foreach_env_runner(
             lambda r: stats(r.module), local_env_runner=False
+        )
+        (out["runner_bound"],) = algo.env_runner_group.foreach_env_runner(
+            lambda r: float(r.module.log_std_bound), local_env_runner=False
         )
         algo.evaluate()  # it only reads the statistics
         (out["runner_after_eval"],) = algo.env_runner_group.foreach_env_runner(
@@ -186,6 +193,33 @@ def test_statistics_travel_with_the_weights_and_the_checkpoint(algo_name, traine
     np.testing.assert_array_equal(_actions(restored, run["obs"]), run["actions"])
     restored.obs_norm = None  # the same weights without the normalisation act otherwise
     assert not np.allclose(_actions(restored, run["obs"]), run["actions"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo_name", ["ppo", "appo"])
+def test_the_log_std_bound_follows_its_schedule_into_runners_and_checkpoints(algo_name, trained):
+    """algo.final_max_log_std=-2 from max_log_std=1 over 8,192 env steps: the Learner's bound
+    is where the schedule puts it after the env steps it was told of (PPO: those of this
+    iteration; APPO's asynchronous Learner may be a batch behind), the EnvRunner acts with the
+    same bound, the restored checkpoint keeps it, and no log std exceeds it."""
+    from pathlib import Path
+
+    from raylab.algorithms.modules import scheduled_log_std_bound
+    from raylab.evaluate import load_policy
+
+    run = trained(algo_name)
+    bound = run["learner"]["bound"]
+    expected = scheduled_log_std_bound(1.0, -2.0, 8192, run["sampled"])
+    assert run["sampled"] >= 2048 and expected <= 0.25  # at least a quarter of the way down
+    if algo_name == "ppo":
+        assert bound == pytest.approx(expected, abs=1e-6)
+    else:
+        assert expected - 1e-6 <= bound < 1.0 - 1e-3
+    assert run["runner_bound"] == bound
+    restored = load_policy(Path(run["checkpoint"]))
+    assert float(restored.log_std_bound) == bound
+    log_std = np.split(_actions(restored, run["obs"]), 2, axis=-1)[1]
+    assert np.all(log_std < bound)
 
 
 @pytest.mark.slow

@@ -74,11 +74,12 @@ def _actions(module, obs):
 
 
 def _train(algo_name: str, path):
-    """One real Algorithm in this process (the test process's Ray) with all three options on:
+    """One real Algorithm in this process (the test process's Ray) with four options on:
     observation normalisation, reward scaling, the linear learning-rate schedule (to 0 at
-    8,192 env steps) and the log-std bound's schedule (from 1 to -2 over the same steps). Trained until its Learner has taken in at least 4,096 observations, then
-    its statistics are read on the Learner and (after a sync) on the EnvRunner, once more after
-    an evaluation, and it is checkpointed. One run serves every test of its algorithm below."""
+    8,192 env steps) and the log-std bound's schedule (from 1 to -2 over the same steps).
+    Trained until its Learner has taken in at least 4,096 observations, then its statistics
+    are read on the Learner and (after a sync) on the EnvRunner, once more after an
+    evaluation, and it is checkpointed. One run serves every test of its algorithm below."""
     from raylab.algorithms.build import build_algorithm_config
     from raylab.config import compose
     from raylab.reporting import env_steps

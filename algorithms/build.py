@@ -205,6 +205,8 @@ def rl_module_options(cfg: DictConfig) -> Dict[str, Any]:
         "fcnet_activation": cfg.algo.activation,
         "vf_share_layers": False,
     }
+    if cfg.algo.get("free_log_std", False):
+        model_config["free_log_std"] = True
     max_log_std = cfg.algo.get("max_log_std")
     normalize = bool(cfg.algo.get("normalize_obs", False))
     scale_rewards = bool(cfg.algo.get("scale_rewards", False))

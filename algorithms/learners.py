@@ -56,7 +56,8 @@ class _TimedLearnerMixin:
         The last Linear layer of the policy head outputs [mean, log_std]: its weights are
         scaled down and the log-std half of its bias is set, so the first rollouts explore
         around the mean action 0 with std exp(init_log_std) instead of saturating the
-        actuators. EnvRunners receive these weights at the first sync.
+        actuators. With ``algo.free_log_std`` the layer outputs the mean only and the head's
+        own log-std parameter is set. EnvRunners receive these weights at the first sync.
         """
         import torch
 
@@ -72,12 +73,16 @@ class _TimedLearnerMixin:
                 continue
             last = [m for m in head.modules() if isinstance(m, torch.nn.Linear)][-1]
             act_dim = int(space.shape[0])
-            if last.out_features != 2 * act_dim:
+            free = getattr(head, "log_std", None)  # RLlib's free_log_std head
+            if last.out_features != (act_dim if free is not None else 2 * act_dim):
                 continue
             with torch.no_grad():
                 last.weight.mul_(cfg["scale"])
                 last.bias[:act_dim].zero_()
-                last.bias[act_dim:].fill_(cfg["log_std"])
+                if free is not None:
+                    free.fill_(cfg["log_std"])
+                else:
+                    last.bias[act_dim:].fill_(cfg["log_std"])
 
     def _init_timeline(self) -> None:
         import torch

@@ -163,8 +163,9 @@ class AlgoConfig:
 
 @dataclass
 class OnPolicyConfig(AlgoConfig):
-    """What PPO and APPO share: one learning rate for policy and value, a Gaussian policy with
-    a state-independent log std. (SAC has its own three learning rates and a squashed policy.)"""
+    """What PPO and APPO share: one learning rate for policy and value, a Gaussian policy whose
+    log std is an output of the policy network or (free_log_std) a parameter of its own. (SAC
+    has its own three learning rates and a squashed policy.)"""
 
     lr: float = option(3e-4, "learning rate")
     lr_schedule: str = option(
@@ -177,6 +178,11 @@ class OnPolicyConfig(AlgoConfig):
     )
     init_policy_scale: float = option(
         0.01, "scale of the initial policy output weights (near-zero initial mean action)"
+    )
+    free_log_std: bool = option(
+        False,
+        "state-independent log std: one learned parameter per action dimension (RLlib's "
+        "free_log_std) instead of half of the policy network's output",
     )
     max_log_std: Optional[float] = option(
         None,

@@ -232,3 +232,50 @@ def test_the_scheduled_log_std_bound_moves_linearly_then_stays():
     late = max_log_std()
     assert late < -1.25 < early
     assert "log_std_bound" in module.get_state()  # it travels with the weights
+
+
+@pytest.mark.parametrize(
+    "algo,task,extra",
+    [
+        ("ppo", "Pendulum-v1", []),
+        ("appo", "Pendulum-v1", []),
+        ("appo", "microduck_balance", ["algo.max_log_std=-1.0"]),  # raylab's module
+    ],
+)
+def test_free_log_std_is_one_learned_parameter_set_to_init_log_std(algo, task, extra):
+    """algo.free_log_std: the Learner's policy head outputs the mean only, and the log std is
+    a parameter of its own (trained by the optimizer), set to init_log_std at build; every
+    observation gets the same log std (then bounded by max_log_std where set)."""
+    from raylab.algorithms.build import build_algorithm_config
+
+    overrides = ["algo.free_log_std=true", "algo.init_log_std=-0.5", "algo.hidden=[32,32]"]
+    cfg = compose(algo, task, "mujoco", overrides + extra)
+    if task in ("microduck_balance",):
+        env = gym.make_vec(cfg.env.gym_id, num_envs=1, vectorization_mode="vector_entry_point")
+        obs_space, act_space = env.single_observation_space, env.single_action_space
+    else:
+        env = gym.make(task)
+        obs_space, act_space = env.observation_space, env.action_space
+    env.close()
+    learner = build_algorithm_config(cfg).build_learner(
+        spaces={"__env__": (obs_space, act_space), "default_policy": (obs_space, act_space)}
+    )
+    learner.build()
+    module = learner.module["default_policy"].unwrapped()
+    act_dim = act_space.shape[0]
+    assert module.pi.log_std.shape == (act_dim,)
+    assert torch.all(module.pi.log_std == -0.5)
+    optimized = [
+        p
+        for _, opt in learner.get_optimizers_for_module("default_policy")
+        for group in opt.param_groups
+        for p in group["params"]
+    ]
+    assert any(p is module.pi.log_std for p in optimized)
+    obs = torch.randn(6, obs_space.shape[0])
+    with torch.no_grad():
+        out = module.forward_inference({Columns.OBS: obs})[Columns.ACTION_DIST_INPUTS]
+    mean, log_std = out[:, :act_dim], out[:, act_dim:]
+    assert float(mean.abs().max()) < 0.05  # init_policy_scale: near-zero initial mean
+    expected = -0.5 if not extra else -1.0 - float(torch.nn.functional.softplus(torch.tensor(-0.5)))
+    torch.testing.assert_close(log_std, torch.full_like(log_std, expected))

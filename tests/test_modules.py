@@ -161,6 +161,21 @@ def test_balance_privileged_obs_is_the_same_in_the_reference_and_the_batched_env
     vec.close()
 
 
+def _raylab_module(algo: str, overrides):
+    """raylab's PPO / APPO module for microduck_balance with these overrides, built locally."""
+    cfg = compose(algo, "microduck_balance", "mujoco", overrides)
+    spec = rl_module_options(cfg)["rl_module_spec"]
+    env = gym.make_vec(cfg.env.gym_id, num_envs=1, vectorization_mode="vector_entry_point")
+    module = RLModuleSpec(
+        module_class=spec.module_class,
+        observation_space=env.single_observation_space,
+        action_space=env.single_action_space,
+        model_config=spec.model_config,
+    ).build()
+    env.close()
+    return module
+
+
 def test_max_log_std_bounds_the_policy_std_softly():
     """algo.max_log_std: raylab's module on a task without privileged state too; the log std
     never exceeds the bound, stays close to the raw output well below it, and gradients flow."""
@@ -175,16 +190,7 @@ def test_max_log_std_bounds_the_policy_std_softly():
     assert torch.equal(bound_log_std(raw, None), raw)
 
     for algo in ("ppo", "appo"):
-        cfg = compose(algo, "microduck_balance", "mujoco", ["algo.max_log_std=-0.5"])
-        spec = rl_module_options(cfg)["rl_module_spec"]
-        env = gym.make_vec(cfg.env.gym_id, num_envs=1, vectorization_mode="vector_entry_point")
-        module = RLModuleSpec(
-            module_class=spec.module_class,
-            observation_space=env.single_observation_space,
-            action_space=env.single_action_space,
-            model_config=spec.model_config,
-        ).build()
-        env.close()
+        module = _raylab_module(algo, ["algo.max_log_std=-0.5"])
         with torch.no_grad():
             for p in module.pi.parameters():  # a policy head that asks for a huge std
                 p.fill_(1.0)
@@ -208,16 +214,7 @@ def test_the_scheduled_log_std_bound_moves_linearly_then_stays():
     assert scheduled_log_std_bound(1.0, -2.0, 1000, 5000) == -2.0
 
     overrides = ["algo.max_log_std=1.0", "algo.final_max_log_std=-2.0", "training.total_steps=1000"]
-    cfg = compose("ppo", "microduck_balance", "mujoco", overrides)
-    spec = rl_module_options(cfg)["rl_module_spec"]
-    env = gym.make_vec(cfg.env.gym_id, num_envs=1, vectorization_mode="vector_entry_point")
-    module = RLModuleSpec(
-        module_class=spec.module_class,
-        observation_space=env.single_observation_space,
-        action_space=env.single_action_space,
-        model_config=spec.model_config,
-    ).build()
-    env.close()
+    module = _raylab_module("ppo", overrides)
     obs = torch.randn(8, module.observation_space.shape[0])
 
     def max_log_std():

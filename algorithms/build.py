@@ -147,6 +147,7 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
         learner_extras["policy_init"] = {
             "log_std": algo.init_log_std,
             "scale": algo.init_policy_scale,
+            "orthogonal": bool(algo.get("orthogonal_init", False)),
         }
     fast = use_fast_sampler(cfg)
     if cfg.algo.name == "sac":

@@ -39,6 +39,27 @@ from raylab.metrics import tracker as stats_tracker
 from raylab.metrics.timeline import LEARNER_TRACKER, Timeline, label, push_partial_state
 
 
+def orthogonal_init(module) -> None:
+    """The reference PPO's initialisation of an actor-critic RLModule: every Linear layer's
+    weights orthogonal with gain sqrt(2) and biases 0, except the value output (gain 1) and the
+    policy output (gain 1 here; the caller scales it by ``init_policy_scale``)."""
+    import math
+
+    import torch
+
+    def linears(part):
+        return [m for m in part.modules() if isinstance(m, torch.nn.Linear)]
+
+    outputs = [linears(module.pi)[-1], linears(module.vf)[-1]]
+    with torch.no_grad():
+        for part in (module.encoder, module.pi, module.vf):
+            for layer in linears(part):
+                gain = 1.0 if any(layer is o for o in outputs) else math.sqrt(2.0)
+                torch.nn.init.orthogonal_(layer.weight, gain=gain)
+                if layer.bias is not None:
+                    layer.bias.zero_()
+
+
 class _TimedLearnerMixin:
     """Phase timers and tracker export shared by the raylab learners."""
 
@@ -57,7 +78,9 @@ class _TimedLearnerMixin:
         scaled down and the log-std half of its bias is set, so the first rollouts explore
         around the mean action 0 with std exp(init_log_std) instead of saturating the
         actuators. With ``algo.free_log_std`` the layer outputs the mean only and the head's
-        own log-std parameter is set. EnvRunners receive these weights at the first sync.
+        own log-std parameter is set. With ``algo.orthogonal_init`` every Linear layer is first
+        re-initialised orthogonally (:func:`orthogonal_init`). EnvRunners receive these
+        weights at the first sync.
         """
         import torch
 
@@ -69,6 +92,8 @@ class _TimedLearnerMixin:
             module = module.unwrapped() if hasattr(module, "unwrapped") else module
             space = getattr(module, "action_space", None)
             head = getattr(module, "pi", None)
+            if head is not None and cfg.get("orthogonal"):
+                orthogonal_init(module)
             if space is None or head is None or not hasattr(space, "shape") or not space.shape:
                 continue
             last = [m for m in head.modules() if isinstance(m, torch.nn.Linear)][-1]

@@ -179,6 +179,12 @@ class OnPolicyConfig(AlgoConfig):
     init_policy_scale: float = option(
         0.01, "scale of the initial policy output weights (near-zero initial mean action)"
     )
+    orthogonal_init: bool = option(
+        False,
+        "orthogonal initial weights, as the reference PPO: gain sqrt(2) for hidden layers, 1 for "
+        "the value output, init_policy_scale for the policy's mean output; biases 0 (false: "
+        "torch's default initialisation)",
+    )
     free_log_std: bool = option(
         False,
         "state-independent log std: one learned parameter per action dimension (RLlib's "

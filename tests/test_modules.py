@@ -276,3 +276,52 @@ def test_free_log_std_is_one_learned_parameter_set_to_init_log_std(algo, task, e
     assert float(mean.abs().max()) < 0.05  # init_policy_scale: near-zero initial mean
     expected = -0.5 if not extra else -1.0 - float(torch.nn.functional.softplus(torch.tensor(-0.5)))
     torch.testing.assert_close(log_std, torch.full_like(log_std, expected))
+
+
+@pytest.mark.parametrize("algo", ["ppo", "appo"])
+def test_orthogonal_init_gives_the_reference_gains(algo):
+    """algo.orthogonal_init: every hidden layer of the Learner's module is orthogonal with gain
+    sqrt(2) (W W^T = 2 I on its smaller side) and zero biases, the value output has gain 1 and
+    the policy's mean output gain init_policy_scale; without the option torch's default
+    initialisation stays (not orthogonal)."""
+    from raylab.algorithms.build import build_algorithm_config
+
+    def learner_module(extra):
+        cfg = compose(algo, "Pendulum-v1", "mujoco", ["algo.hidden=[32,16]"] + extra)
+        env = gym.make("Pendulum-v1")
+        spaces = (env.observation_space, env.action_space)
+        env.close()
+        learner = build_algorithm_config(cfg).build_learner(
+            spaces={"__env__": spaces, "default_policy": spaces}
+        )
+        learner.build()
+        return learner.module["default_policy"].unwrapped()
+
+    def gram(layer):
+        w = layer.weight.detach().double()
+        return w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
+
+    def linears(part):
+        return [m for m in part.modules() if isinstance(m, torch.nn.Linear)]
+
+    module = learner_module(["algo.orthogonal_init=true", "algo.init_policy_scale=0.01"])
+    hidden = linears(module.encoder)
+    assert len(hidden) == 4  # actor and critic encoders, 32 and 16 units each
+    for layer in hidden:
+        n = min(layer.weight.shape)
+        torch.testing.assert_close(
+            gram(layer), 2.0 * torch.eye(n, dtype=torch.float64), rtol=0, atol=1e-5
+        )
+        assert torch.all(layer.bias == 0)
+    vf_out = linears(module.vf)[-1]
+    torch.testing.assert_close(gram(vf_out), torch.eye(1, dtype=torch.float64), rtol=0, atol=1e-5)
+    pi_out = linears(module.pi)[-1]
+    mean_rows = pi_out.weight[:1].detach().double()  # Pendulum: one action; [mean, log_std]
+    torch.testing.assert_close(
+        mean_rows @ mean_rows.T, torch.full((1, 1), 1e-4).double(), rtol=1e-4, atol=0
+    )
+
+    default = learner_module([])
+    layer = linears(default.encoder)[0]
+    n = min(layer.weight.shape)
+    assert not torch.allclose(gram(layer), 2.0 * torch.eye(n, dtype=torch.float64), atol=0.1)

@@ -149,6 +149,7 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
             "scale": algo.init_policy_scale,
             "orthogonal": bool(algo.get("orthogonal_init", False)),
         }
+        learner_extras["adam_eps"] = float(algo.adam_eps)
     fast = use_fast_sampler(cfg)
     if cfg.algo.name == "sac":
         runner_cls = config.env_runner_cls  # SAC's transition path is always raylab's loop

@@ -109,6 +109,16 @@ class _TimedLearnerMixin:
                 else:
                     last.bias[act_dim:].fill_(cfg["log_std"])
 
+    def _set_adam_eps(self) -> None:
+        """``algo.adam_eps`` on every optimizer of the Learner (Adam reads it at each step)."""
+        eps = (self.config.learner_config_dict or {}).get("adam_eps")
+        if eps is None:
+            return
+        for optimizer in self._named_optimizers.values():
+            for group in optimizer.param_groups:
+                if "eps" in group:
+                    group["eps"] = float(eps)
+
     def _init_timeline(self) -> None:
         import torch
 
@@ -243,6 +253,7 @@ class RaylabPPOLearner(_TimedLearnerMixin, PPOTorchLearner):
     def build(self) -> None:
         super().build()
         self._init_policy_head()
+        self._set_adam_eps()
         self._init_timeline()
         self._last_update_end = None
 
@@ -321,6 +332,7 @@ class RaylabAPPOLearner(_TimedLearnerMixin, APPOTorchLearner):
         rllib_compat.build_appo_learner_with_buffer(self, buffer, IMPALALearner)
         self._init_policy_head()  # before the target networks copy the policy
         rllib_compat.finish_appo_learner_build(self)
+        self._set_adam_eps()
 
     def update(self, training_data, **kwargs):
         # Request thread: resolve the episodes from the object store. It overlaps the learner

@@ -179,6 +179,9 @@ class OnPolicyConfig(AlgoConfig):
     init_policy_scale: float = option(
         0.01, "scale of the initial policy output weights (near-zero initial mean action)"
     )
+    adam_eps: float = option(
+        1e-8, "Adam's epsilon (torch's default 1e-8; the reference PPO uses 1e-5)"
+    )
     orthogonal_init: bool = option(
         False,
         "orthogonal initial weights, as the reference PPO: gain sqrt(2) for hidden layers, 1 for "

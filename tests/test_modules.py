@@ -325,3 +325,25 @@ def test_orthogonal_init_gives_the_reference_gains(algo):
     layer = linears(default.encoder)[0]
     n = min(layer.weight.shape)
     assert not torch.allclose(gram(layer), 2.0 * torch.eye(n, dtype=torch.float64), atol=0.1)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "appo"])
+def test_adam_eps_reaches_every_optimizer_of_the_learner(algo):
+    """algo.adam_eps: the Learner's Adam optimizers step with it (default torch's 1e-8)."""
+    from raylab.algorithms.build import build_algorithm_config
+
+    env = gym.make("Pendulum-v1")
+    spaces = (env.observation_space, env.action_space)
+    env.close()
+    for extra, eps in (([], 1e-8), (["algo.adam_eps=1e-5"], 1e-5)):
+        cfg = compose(algo, "Pendulum-v1", "mujoco", ["algo.hidden=[16]"] + extra)
+        learner = build_algorithm_config(cfg).build_learner(
+            spaces={"__env__": spaces, "default_policy": spaces}
+        )
+        learner.build()
+        groups = [
+            g
+            for _, opt in learner.get_optimizers_for_module("default_policy")
+            for g in opt.param_groups
+        ]
+        assert groups and all(g["eps"] == eps for g in groups), (extra, groups)

@@ -29,6 +29,9 @@ CHOICES = {
 
 # Optional integers whose default (null) is derived: a value to set instead.
 NONE_DEFAULTS = {"algo.learner_threads": 2}
+# Keys that only work beside another one (composing them alone is refused): compared with the
+# config that has the companion only.
+COMPANIONS = {"algo.final_max_log_std": ["algo.max_log_std=1.0"]}
 
 
 def _another(key, value):
@@ -60,7 +63,12 @@ def test_every_algo_key_reaches_the_rllib_config(algo):
         if key in RAYLAB_SIDE:
             continue
         new = _another(key, value)
-        built = _built(compose(algo, "Pendulum-v1", overrides=[f"{key}={json.dumps(new)}"]))
-        if built == default:
+        companions = COMPANIONS.get(key, [])
+        reference = (
+            _built(compose(algo, "Pendulum-v1", overrides=companions)) if companions else default
+        )
+        overrides = companions + [f"{key}={json.dumps(new)}"]
+        built = _built(compose(algo, "Pendulum-v1", overrides=overrides))
+        if built == reference:
             silent.append(f"{key}={new}")
     assert not silent, f"{algo}: accepted and changed nothing in the RLlib config: {silent}"

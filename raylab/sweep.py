@@ -245,6 +245,15 @@ def _fmt(tag: str, value: Any) -> Optional[str]:
     return None
 
 
+def override_arg(key: str, value: Any) -> str:
+    """``key=value`` as a shell argument of ``raylab train`` (a list or dict value as JSON)."""
+    import shlex
+
+    if isinstance(value, (list, dict)):
+        value = json.dumps(value, separators=(",", ":"))
+    return shlex.quote(f"{key}={value}")
+
+
 def make_scheduler(spec: SweepSpec):
     """The sweep's Tune scheduler: ASHA on training iterations, or FIFO (every trial runs its
     budget)."""
@@ -384,7 +393,7 @@ def run_sweep(file: str, overrides: List[str], resume: Optional[str] = None) -> 
     print_table(table, spec)
     best = table["best"]
     if best is not None:
-        overrides = " ".join(f"{k}={v}" for k, v in best["config"].items())
+        overrides = " ".join(override_arg(k, v) for k, v in best["config"].items())
         print(
             f"raylab: best trial {best['trial_id']}: {table['metric']} {best['metric']:.4g} "
             f"with {overrides or 'the base config'}; checkpoint {best['checkpoint']}",

@@ -166,21 +166,21 @@ def test_two_trial_sweep_end_to_end(tmp_path, idle_head):
 
 
 ASHA_STEPS = 8_000
+SHORT_LONG = (50, 50, 200, 200, 200, 200)  # Pendulum episode lengths of the ASHA trials
 
 
 @pytest.mark.slow
 def test_asha_stops_trials_early_on_train_mean_reward(tmp_path, idle_head):
     """Six trials, two at a time; ASHA (reduction factor 4, rungs at iterations 1, 4 and 16)
     stops a trial whose Train/mean_reward at a rung is below the best quarter recorded there.
-    Pendulum's early returns differ only by noise, so whether a trial is stopped depends on
-    the order the trials reach a rung: none is only if each one beats three quarters of those
-    before it, at every rung. With five trials and iterations of one second (about 3,000 env
-    steps, so most trials ended before iteration 4) that happened in one CI run (about 2.5% of
-    random orders, one rung); with six trials and two rungs it is about 0.2%
-    (iid returns, correlated 0.9 across rungs). The budget is in env steps, not seconds, so
-    that a trial reaches the rungs however loaded the machine is (a 6 s budget on a busy
-    machine ended trials before iteration 4); short iterations (0.3 s, about 300-900 env steps)
-    put rung 4 well inside it."""
+    The first two trials run Pendulum with 50-step episodes (returns about a quarter of the
+    200-step ones), the other four with 200: when each of those reaches a rung, the two short
+    ones, which started first, have recorded it already, and ASHA must stop it there. (Six
+    trials that differed only by seed depended on the order they reached the rungs: in one CI
+    run none was stopped.) The budget is in env steps, not seconds, so that a trial reaches the
+    rungs however loaded the machine is; short iterations (0.3 s, about 300-900 env steps) put
+    rung 4 well inside it; Train/mean_reward is NaN until a trial's first episode ends, and a
+    NaN is recorded without a decision."""
     path = _write(
         tmp_path,
         name="asha",
@@ -195,7 +195,7 @@ def test_asha_stops_trials_early_on_train_mean_reward(tmp_path, idle_head):
             "training.eval_before_train=false",
             "training.iteration_s=0.3",
         ],
-        search={"training.seed": {"grid": [0, 1, 2, 3, 4, 5]}},
+        search={"env.kwargs": {"grid": [{"max_episode_steps": n} for n in SHORT_LONG]}},
         scheduler={
             "type": "asha",
             "metric": "Train/mean_reward",
@@ -213,8 +213,9 @@ def test_asha_stops_trials_early_on_train_mean_reward(tmp_path, idle_head):
     table = json.loads((sweep_dir / "sweep_summary.json").read_text())
     rows = table["trials"]
     assert len(rows) == 6
+    assert [t["config"]["env.kwargs"]["max_episode_steps"] for t in rows] == list(SHORT_LONG)
     by = [t["stopped_by"] for t in rows]
-    assert "scheduler" in by and all(b in ("scheduler", "budget") for b in by), rows
+    assert by[2:] == ["scheduler"] * 4 and "budget" in by[:2], rows
     for t in rows:
         if t["stopped_by"] == "scheduler":
             assert read_summary(Path(t["run_dir"]))["env_steps"] < ASHA_STEPS
@@ -222,7 +223,8 @@ def test_asha_stops_trials_early_on_train_mean_reward(tmp_path, idle_head):
     assert best["stopped_by"] == "budget" or best["metric"] is not None
     assert best["checkpoint"] and Path(best["checkpoint"]).is_dir()
     assert f"raylab: best trial {best['trial_id']}" in r.stderr
-    assert f"training.seed={best['config']['training.seed']}" in r.stderr
+    assert best["config"]["env.kwargs"] == {"max_episode_steps": 50}, best
+    assert """'env.kwargs={"max_episode_steps":50}'""" in r.stderr, r.stderr[-2000:]
 
 
 @pytest.mark.slow

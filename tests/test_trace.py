@@ -151,6 +151,35 @@ def test_bad_trace_files_fail_closed_with_one_line(tmp_path, cli):
     assert r.returncode == 2 and "not a directory" in r.stderr
 
 
+def test_the_files_of_one_machine_are_merged_on_one_clock_offset(tmp_path, monkeypatch):
+    """Each process reads wall time minus perf_counter once; a process descheduled between the
+    two reads (or a wall-clock step between two processes' starts) gets an offset off by that
+    much, and its phases would show early or late against the others': a PPO run on a loaded CI
+    machine showed Learning overlapping sampling that way. The merge puts the files of one boot
+    id on their median offset, and leaves a file of another machine on its own."""
+    assert trace.wall_offset_us() == pytest.approx(
+        (time.time() - time.perf_counter()) * 1e6, abs=2e3
+    )
+    t0 = time.perf_counter()
+    measured = trace.wall_offset_us()
+    tracers = []
+    for role, misread_us in (("a", 0.0), ("b", 50_000.0), ("c", 0.0), ("d", 80_000.0)):
+        # b read its two clocks 50 ms apart (the reading itself cannot be paused on demand)
+        monkeypatch.setattr(trace, "wall_offset_us", lambda m=misread_us: measured + m)
+        tracers.append(trace.Tracer(str(tmp_path), role, role.title()))
+    for tr in tracers:
+        tr.complete("Learning", t0, t0 + 0.01, "phase")
+    for tr in tracers:
+        tr.close()
+    other = tracers[3].path  # a file of another machine: its own clock, left as it is
+    other.write_text(other.read_text().replace(trace.boot_id(), "another-machine"))
+    _, events = merge(tmp_path)
+    procs, _ = names(events)
+    ts = {procs[e["pid"]]: e["ts"] for e in events if e.get("ph") == "X"}
+    assert ts["A"] == ts["B"] == ts["C"] == pytest.approx(tracers[0].us(t0), abs=1e-3)
+    assert ts["D"] == pytest.approx(tracers[0].us(t0) + 80_000.0, abs=1e-3)
+
+
 def test_overlap_of_interval_sets():
     assert overlap_us([(0, 10), (20, 30)], [(5, 25)]) == 10
     assert overlap_us([(0, 10)], [(10, 20)]) == 0

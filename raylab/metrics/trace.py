@@ -9,10 +9,13 @@ work (episode ingest, replay ingress) sit on their own tracks. Process and threa
 metadata events, so Perfetto shows ``Learner 0 / learner thread`` rather than numbers.
 
 One clock: timestamps are microseconds of wall time (``time.time``), taken as
-``perf_counter`` plus an offset fixed when the process's tracer starts, so the files of all
-processes on one machine (and of NTP-synchronised machines) line up without a merge-time shift.
-``raylab trace RUN_DIR`` (:mod:`raylab.metrics.trace_merge`) puts them into one
-``merged.json`` and says where the time went.
+``perf_counter`` plus an offset fixed when the process's tracer starts (:func:`wall_offset_us`),
+so the files of NTP-synchronised machines line up. The offset of one process can still be off
+by milliseconds (a wall-clock step, a process descheduled while it reads the two clocks), so
+each file records its offset and its machine's boot id: ``raylab trace RUN_DIR``
+(:mod:`raylab.metrics.trace_merge`) puts the files of one machine, whose ``perf_counter`` is the
+same monotonic clock, on one common offset, merges everything into one ``merged.json`` and says
+where the time went.
 
 A process writes its events as it goes (every 2 s or 512 events) and closes the JSON array at
 exit; a process killed before that leaves the array open, which the trace-event format allows
@@ -45,6 +48,29 @@ FILE_SUFFIX = ".trace.json"
 CONFIG_ATTR = "raylab_trace"
 
 
+def wall_offset_us(samples: int = 7) -> float:
+    """``time.time() - time.perf_counter()`` in microseconds: of several readings, the one whose
+    ``time.time()`` call sat between the two closest ``perf_counter`` readings (a process
+    descheduled between two reads would put its whole pause into the offset)."""
+    best = None
+    for _ in range(samples):
+        a = time.perf_counter()
+        wall = time.time()
+        b = time.perf_counter()
+        if best is None or b - a < best[0]:
+            best = (b - a, wall - (a + b) / 2)
+    return best[1] * 1e6
+
+
+def boot_id() -> Optional[str]:
+    """This machine's boot id (Linux): processes with the same one share ``perf_counter``'s
+    monotonic clock. None where the kernel does not say."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
 class Tracer:
     """Trace events of one process, written to ``<out_dir>/<role>-<pid>.trace.json``."""
 
@@ -55,7 +81,7 @@ class Tracer:
         self.cuda: Optional[CudaEvents] = None  # set by configure() with trace_cuda_events
         self.path = Path(out_dir) / f"{role}-{self.pid}{FILE_SUFFIX}"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._offset_us = time.time() * 1e6 - time.perf_counter() * 1e6
+        self._offset_us = wall_offset_us()
         self._lock = threading.Lock()
         self._pending: List[str] = []
         self._named_threads: Dict[int, str] = {}
@@ -71,7 +97,13 @@ class Tracer:
         self._meta("process_name", {"name": process_name})
         self._meta(
             "raylab_clock",
-            {"clock": "wall time (time.time), microseconds", "role": role, "pid": self.pid},
+            {
+                "clock": "wall time (time.time), microseconds",
+                "role": role,
+                "pid": self.pid,
+                "offset_us": self._offset_us,  # wall time minus perf_counter
+                "boot_id": boot_id(),
+            },
         )
 
     @property

@@ -2,7 +2,11 @@
 where the time went.
 
 Every process of a traced run (:mod:`raylab.metrics.trace`) wrote its own file of trace events
-on the same clock (wall-time microseconds). The merge reads them fail-closed (a file that is not
+on the same clock (wall-time microseconds, ``perf_counter`` plus the offset the process measured
+when it started). The files of one machine (one boot id) share ``perf_counter``'s monotonic
+clock, so the merge puts them on one offset, their median: a process whose own reading of the
+offset was off (a wall-clock step, a pause between the two reads) would otherwise show its
+phases milliseconds early or late against the others. The merge reads the files fail-closed (a file that is not
 trace-event JSON, or an event without the fields its phase needs, is an error naming the file;
 an array left open by a killed process is closed, as the format allows), gives every file its
 own process id (pids of two nodes can collide), and writes ``<trace dir>/merged.json`` in the
@@ -107,13 +111,41 @@ def find_trace_dir(run_dir: Path) -> Path:
     )
 
 
+def clock_of(events: List[Dict[str, Any]]) -> Tuple[Optional[str], Optional[float]]:
+    """(boot id, offset µs) from a file's ``raylab_clock`` metadata; (None, None) for a file
+    written without them."""
+    for ev in events:
+        if ev.get("ph") == "M" and ev.get("name") == "raylab_clock":
+            offset = ev["args"].get("offset_us")
+            boot = ev["args"].get("boot_id")
+            if isinstance(boot, str) and isinstance(offset, (int, float)):
+                return boot, float(offset)
+    return None, None
+
+
+def clock_shifts(clocks: List[Tuple[Optional[str], Optional[float]]]) -> List[float]:
+    """Per file, the µs to add to its timestamps so that every file of one machine uses that
+    machine's median offset (0 for a file without clock metadata)."""
+    by_boot: Dict[str, List[float]] = defaultdict(list)
+    for boot, offset in clocks:
+        if boot is not None:
+            by_boot[boot].append(offset)
+    common = {boot: sorted(o)[(len(o) - 1) // 2] for boot, o in by_boot.items()}
+    return [0.0 if boot is None else common[boot] - offset for boot, offset in clocks]
+
+
 def merge(trace_dir: Path) -> Tuple[Path, List[Dict[str, Any]]]:
-    """Merge every trace file of ``trace_dir`` into ``merged.json``; returns (path, events)."""
+    """Merge every trace file of ``trace_dir`` into ``merged.json``, each machine's files on one
+    clock offset; returns (path, events)."""
     merged: List[Dict[str, Any]] = []
-    for index, path in enumerate(trace_files(trace_dir), start=1):
-        for ev in load_events(path):
+    files = [load_events(path) for path in trace_files(trace_dir)]
+    shifts = clock_shifts([clock_of(events) for events in files])
+    for index, (events, shift) in enumerate(zip(files, shifts), start=1):
+        for ev in events:
             ev = dict(ev)
             ev["pid"] = index  # one process per file, whatever node it ran on
+            if shift and ev.get("ph") != "M" and "ts" in ev:
+                ev["ts"] = ev["ts"] + shift
             merged.append(ev)
         merged.append(
             {"name": "process_sort_index", "ph": "M", "pid": index, "args": {"sort_index": index}}
@@ -125,7 +157,11 @@ def merge(trace_dir: Path) -> Tuple[Path, List[Dict[str, Any]]]:
             {
                 "traceEvents": merged,
                 "displayTimeUnit": "ms",
-                "otherData": {"producer": "raylab trace", "clock": "wall time, microseconds"},
+                "otherData": {
+                    "producer": "raylab trace",
+                    "clock": "wall time, microseconds; one offset per machine",
+                    "clock_shift_us": shifts,
+                },
             },
             separators=(",", ":"),
         )

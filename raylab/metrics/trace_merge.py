@@ -6,12 +6,12 @@ on the same clock (wall-time microseconds, ``perf_counter`` plus the offset the 
 when it started). The files of one machine (one boot id) share ``perf_counter``'s monotonic
 clock, so the merge puts them on one offset, their median: a process whose own reading of the
 offset was off (a wall-clock step, a pause between the two reads) would otherwise show its
-phases milliseconds early or late against the others. The merge reads the files fail-closed (a file that is not
-trace-event JSON, or an event without the fields its phase needs, is an error naming the file;
-an array left open by a killed process is closed, as the format allows), gives every file its
-own process id (pids of two nodes can collide), and writes ``<trace dir>/merged.json`` in the
-JSON object format (``traceEvents`` + ``displayTimeUnit``) that Perfetto and chrome://tracing
-open.
+phases milliseconds early or late against the others. The merge reads the files fail-closed
+(a file that is not trace-event JSON, or an event without the fields its phase needs, is an
+error naming the file; an array left open by a killed process is closed, as the format
+allows), gives every file its own process id (pids of two nodes can collide), and writes
+``<trace dir>/merged.json`` in the JSON object format (``traceEvents`` + ``displayTimeUnit``)
+that Perfetto and chrome://tracing open.
 """
 
 from __future__ import annotations

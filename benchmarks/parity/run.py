@@ -38,6 +38,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -259,7 +260,7 @@ def _plot(algo: str, task: str, overrides: tuple, runs: List[dict], ref: dict) -
     ax.set_xlabel("env steps")
     ax.set_ylabel("training return")
     title = f"{algo.upper()} {task}" + (f" ({' '.join(overrides)})" if overrides else "")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(textwrap.fill(title, 80), fontsize=8 if len(title) > 80 else 9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -237,6 +237,26 @@ def test_gymnasium_kwargs_the_env_takes_are_accepted():
     assert cfg.env.kwargs == {"g": 9.0}
 
 
+def test_a_gymnasium_family_s_tuned_settings_apply_to_its_ids_only():
+    """PPO on HalfCheetah (any version) takes the family's tuned settings over the defaults of
+    every Gymnasium id; other ids and other algorithms keep those; an override still wins."""
+    from raylab.envs.tasks import GYMNASIUM_ALGO_DEFAULTS, GYMNASIUM_FAMILY_ALGO_DEFAULTS
+
+    tuned = GYMNASIUM_FAMILY_ALGO_DEFAULTS["HalfCheetah"]["ppo"]
+    for gym_id in ("HalfCheetah-v5", "HalfCheetah-v4"):
+        algo = OmegaConf.to_container(compose("ppo", gym_id).algo)
+        assert {k: algo[k] for k in tuned} == tuned
+        assert algo["normalize_obs"] and algo["scale_rewards"]  # the generic ones stay
+    hopper = compose("ppo", "Hopper-v5").algo
+    generic = GYMNASIUM_ALGO_DEFAULTS["ppo"]
+    assert hopper.train_batch_size == generic["train_batch_size"] != tuned["train_batch_size"]
+    assert (
+        compose("sac", "HalfCheetah-v5").algo.critic_lr
+        == GYMNASIUM_ALGO_DEFAULTS["sac"]["critic_lr"]
+    )
+    assert compose("ppo", "HalfCheetah-v5", overrides=["algo.num_epochs=3"]).algo.num_epochs == 3
+
+
 def test_gpu_only_sac_options_are_refused_on_cpu_learners():
     from raylab.algorithms.build import resolve_num_gpus_per_learner
 

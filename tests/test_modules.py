@@ -328,8 +328,9 @@ def test_orthogonal_init_gives_the_reference_gains(algo):
 
 
 @pytest.mark.parametrize("algo", ["ppo", "appo"])
-def test_adam_eps_reaches_every_optimizer_of_the_learner(algo):
-    """algo.adam_eps: the Learner's Adam optimizers step with it (default torch's 1e-8)."""
+def test_the_learner_s_adam_is_fused_and_steps_with_adam_eps(algo):
+    """algo.adam_eps: the Learner's Adam optimizers step with it (default torch's 1e-8); they
+    are torch's fused Adam (one kernel over all parameters, not a Python loop)."""
     from raylab.algorithms.build import build_algorithm_config
 
     env = gym.make("Pendulum-v1")
@@ -347,3 +348,4 @@ def test_adam_eps_reaches_every_optimizer_of_the_learner(algo):
             for g in opt.param_groups
         ]
         assert groups and all(g["eps"] == eps for g in groups), (extra, groups)
+        assert all(g["fused"] and not g["foreach"] for g in groups), groups

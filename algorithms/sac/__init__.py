@@ -14,7 +14,7 @@ episode object and makes one synchronous round trip per update. Here:
 - Each Learner (``RaylabSACLearner``) owns a ``DeviceReplay`` ring on its device and runs its
   update loop on a background thread: wait until ``updates_per_step`` x ingested steps allows
   another update, take the prefetched batch, prefetch the next, run one fused actor / critic /
-  temperature step (one backward, foreach / fused Adam, foreach polyak), publish weights every
+  temperature step (one backward, fused Adam, foreach polyak), publish weights every
   ``weight_sync_every`` updates. Loss statistics stay on the device until metrics are read.
 
 Canonical learner phases per update: Collector Wait, Replay Batch Wait, Replay Sample,

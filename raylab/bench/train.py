@@ -116,7 +116,7 @@ def torch_sac_update_rate(
         qf = K.mlp(obs_dim + act_dim, hidden, 1, activation)
         qf_twin = K.mlp(obs_dim + act_dim, hidden, 1, activation)
         log_alpha = torch.zeros(1, requires_grad=True)
-        adam = {"lr": 3e-4, "foreach": True, "eps": 1e-7}  # as the learner's CPU optimizers
+        adam = {"lr": 3e-4, "fused": True, "eps": 1e-7}  # as the learner's optimizers
         parts = K.SACParts(
             pi=pi,
             qf=qf,

@@ -20,23 +20,43 @@ statistics go through the stats tracker with their masks as denominators.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional
 
+import numpy as np
 from ray.rllib.algorithms.appo.torch.appo_torch_learner import APPOTorchLearner
 from ray.rllib.algorithms.appo.utils import CircularBuffer
 from ray.rllib.algorithms.impala.impala_learner import IMPALALearner
+from ray.rllib.algorithms.ppo.ppo import (
+    LEARNER_RESULTS_KL_KEY,
+    LEARNER_RESULTS_VF_EXPLAINED_VAR_KEY,
+    LEARNER_RESULTS_VF_LOSS_UNCLIPPED_KEY,
+)
 from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
+from ray.rllib.core import ALL_MODULES
 from ray.rllib.core.columns import Columns
+from ray.rllib.core.learner.learner import ENTROPY_KEY, POLICY_LOSS_KEY, VF_LOSS_KEY
 from ray.rllib.evaluation.postprocessing import Postprocessing
-from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
+from ray.rllib.utils.metrics import (
+    MODULE_TRAIN_BATCH_SIZE_MEAN,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    NUM_ENV_STEPS_TRAINED,
+    NUM_ENV_STEPS_TRAINED_LIFETIME,
+    NUM_MODULE_STEPS_TRAINED,
+    NUM_MODULE_STEPS_TRAINED_LIFETIME,
+    WEIGHTS_SEQ_NO,
+)
+from ray.rllib.utils.torch_utils import explained_variance
 
 from raylab.algorithms import rllib_compat
 from raylab.metrics import schema as S
 from raylab.metrics import trace
 from raylab.metrics import tracker as stats_tracker
 from raylab.metrics.timeline import LEARNER_TRACKER, Timeline, label, push_partial_state
+
+logger = logging.getLogger(__name__)
 
 
 def orthogonal_init(module) -> None:
@@ -197,9 +217,9 @@ class _TimedLearnerMixin:
         loss = super().compute_loss_for_module(
             module_id=module_id, config=config, batch=batch, fwd_out=fwd_out
         )
-        self._grad_updates = getattr(self, "_grad_updates", 0) + 1
-        self._updates_lifetime = getattr(self, "_updates_lifetime", 0) + 1
-        self._record_batch_stats(module_id, batch, loss)
+        self._count_updates(1)
+        self._record_batch_stats(module_id, batch)
+        self.stats.scalar(**{S.loss_tag("total"): float(loss.detach())})
         # algo.normalize_obs: this minibatch was normalised with the statistics it was sampled
         # with; it joins them after the whole update (raylab.algorithms.modules.RunningObsNorm).
         norm = self._obs_norm(module_id)
@@ -213,8 +233,12 @@ class _TimedLearnerMixin:
             module.unwrapped() if hasattr(module, "unwrapped") else module, "obs_norm", None
         )
 
-    def _record_batch_stats(self, module_id: str, batch: Dict[str, Any], loss) -> None:
-        """Loss and policy statistics through the stats tracker, masks as denominators."""
+    def _count_updates(self, n: int) -> None:
+        self._grad_updates = getattr(self, "_grad_updates", 0) + n
+        self._updates_lifetime = getattr(self, "_updates_lifetime", 0) + n
+
+    def _record_batch_stats(self, module_id: str, batch: Dict[str, Any]) -> None:
+        """Policy statistics of a batch through the stats tracker, masks as denominators."""
         import torch
 
         with torch.no_grad():
@@ -232,7 +256,6 @@ class _TimedLearnerMixin:
                 values[S.policy_tag("behaviour_logp")] = batch[Columns.ACTION_LOGP]
             if values:
                 self.stats.stat("_valid_steps", "avg", **values)
-            self.stats.scalar(**{S.loss_tag("total"): float(loss.detach())})
 
     def learner_status(self) -> Dict[str, Any]:
         """Lifetime gradient updates and the learner's ring (the runtime manifest's)."""
@@ -254,7 +277,46 @@ class _TimedLearnerMixin:
         push_partial_state(self.metrics, LEARNER_TRACKER)
 
 
+def minibatch_indices(
+    n: int,
+    minibatch_size: Optional[int],
+    num_epochs: int,
+    num_total_minibatches: int = 0,
+    shuffle: bool = True,
+    rng=np.random,
+) -> List[np.ndarray]:
+    """The rows of each minibatch of one PPO update, in RLlib's cyclic layout: a stream of
+    epochs over the ``n`` rows (each a fresh permutation with ``shuffle``, else 0..n-1) cut
+    into minibatches of ``minibatch_size`` (all rows when None) until ``num_epochs`` epochs are
+    covered, or into ``num_total_minibatches`` minibatches when that is positive (what RLlib's
+    LearnerGroup asks of several Learners, so that they take equal numbers of steps). A
+    minibatch that crosses an epoch's end takes the rest of that epoch and the start of the
+    next. RLlib's own iterator shuffles at each epoch's end only, so its first epoch runs in
+    the batch's order; this layout shuffles every epoch, the first one too."""
+    size = int(minibatch_size or n)
+    count = num_total_minibatches if num_total_minibatches > 0 else -(-num_epochs * n // size)
+    epochs = -(-count * size // n)
+    order = np.concatenate([rng.permutation(n) if shuffle else np.arange(n) for _ in range(epochs)])
+    return [order[i * size : (i + 1) * size] for i in range(count)]
+
+
 class RaylabPPOLearner(_TimedLearnerMixin, PPOTorchLearner):
+    """RLlib's PPO learner with raylab's minibatch loop.
+
+    ``update`` hands RLlib's ``Learner.update`` the whole train batch as one item and runs the
+    epochs of minibatches itself (:meth:`_update`): per minibatch only the forward pass, the
+    PPO loss, backward, the global-norm clip (torch's foreach kernels) and the optimizer
+    step. RLlib's loop adds per minibatch a slice-and-concatenate of the batch, about twenty
+    metrics-logger calls (loss statistics, step counters, throughputs, Prometheus timers), a
+    boolean-indexed mean per loss term and two finiteness checks per parameter tensor, which
+    with the 64-row minibatches of the tuned Gymnasium settings cost more than the learning.
+    Here the statistics RLlib keeps for the last minibatch only (``window=1``) are computed
+    once, from the last minibatch; the step counters count every minibatch as RLlib's do; the
+    policy statistics and the observations for ``algo.normalize_obs`` are taken once from the
+    whole batch (every epoch covers it). Configurations the loop does not cover (several
+    modules, clipping by value or per tensor, grad scalers, a compiled update) run RLlib's.
+    """
+
     _main_phases = S.LEARNER_MAIN_PHASES["ppo"]
 
     def build(self) -> None:
@@ -262,8 +324,28 @@ class RaylabPPOLearner(_TimedLearnerMixin, PPOTorchLearner):
         self._init_policy_head()
         self._init_timeline()
         self._last_update_end = None
+        self._layout = None  # this update's minibatch layout while raylab's loop runs it
+        self._trained = None  # (minibatches, rows each) of the last update raylab's loop ran
 
-    def update(self, *args, training_data=None, **kwargs):
+    def _own_loop_covers(self) -> bool:
+        module_ids = list(self.module.keys())
+        if len(module_ids) != 1 or rllib_compat.grad_scalers(self) is not None:
+            return False
+        if self.config.torch_compile_learner:
+            return False
+        config = self.config.get_config_for_module(module_ids[0])
+        return not config.grad_clip or config.grad_clip_by == "global_norm"
+
+    def update(
+        self,
+        *args,
+        training_data=None,
+        num_epochs: int = 1,
+        minibatch_size: Optional[int] = None,
+        shuffle_batch_per_epoch: bool = False,
+        num_total_minibatches: int = 0,
+        **kwargs,
+    ):
         # The request thread is this loop's thread; the gap since the previous update is the
         # time the learner waited for the EnvRunners.
         self.timeline.bind_to_current_thread("learner (update requests: main timeline)")
@@ -277,9 +359,205 @@ class RaylabPPOLearner(_TimedLearnerMixin, PPOTorchLearner):
         if training_data is not None:
             with self.timeline.phase(S.PERF_LEARNER_EPISODE_TRANSFER_MS):
                 training_data.solve_refs()
-        result = super().update(*args, training_data=training_data, **kwargs)
+        layout = dict(
+            num_epochs=num_epochs,
+            minibatch_size=minibatch_size,
+            shuffle_batch_per_epoch=shuffle_batch_per_epoch,
+            num_total_minibatches=num_total_minibatches,
+        )
+        if self._own_loop_covers():
+            # RLlib's update sees one batch of one epoch and calls _update once with it.
+            self._layout, self._trained = layout, None
+            layout = dict(num_epochs=1, minibatch_size=None, shuffle_batch_per_epoch=False)
+        try:
+            result = super().update(*args, training_data=training_data, **layout, **kwargs)
+        finally:
+            self._layout = None
         self._last_update_end = (time.perf_counter(), time.thread_time())
         return result
+
+    def _update(self, batch: Dict[str, Any]):  # a hook: rllib_compat.OVERRIDDEN_HOOKS
+        if self._layout is None:
+            return super()._update(batch)
+        import torch
+
+        layout = self._layout
+        ((module_id, module_batch),) = batch.items()
+        n = len(module_batch)
+        columns = {
+            k: v for k, v in module_batch.items() if torch.is_tensor(v) and v.ndim and len(v) == n
+        }
+        rest = {k: v for k, v in module_batch.items() if k not in columns}
+        config = self.config.get_config_for_module(module_id)
+        optimizers = [opt for _, opt in self.get_optimizers_for_module(module_id)]
+
+        rllib_compat.log_off_policyness(self, batch)
+        self._record_batch_stats(module_id, columns)
+        norm = self._obs_norm(module_id)
+        if norm is not None:  # joins the statistics after the update (after_gradient_based_update)
+            norm.collect(columns[Columns.OBS], columns.get(Columns.LOSS_MASK))
+
+        chunks = minibatch_indices(
+            n,
+            layout["minibatch_size"],
+            layout["num_epochs"],
+            layout["num_total_minibatches"],
+            shuffle=layout["shuffle_batch_per_epoch"] and layout["num_epochs"] > 1,
+        )
+        # RLlib's forward_train puts the module in train mode on every call (a walk over all
+        # its submodules); without a DDP wrapper to go through, that is done once here.
+        module = self.module[module_id]
+        if module is module.unwrapped():
+            module.train()
+            forward = module._forward_train
+        else:
+            forward = module.forward_train
+        loss_sum = None
+        for rows in chunks:
+            index = torch.from_numpy(rows).to(self.device)
+            minibatch = {**rest, **{k: v.index_select(0, index) for k, v in columns.items()}}
+            fwd_out = forward(minibatch)
+            loss = self._ppo_loss(module_id, config, minibatch, fwd_out)
+            for opt in optimizers:
+                opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = self._clip_and_step(config, optimizers)
+            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+
+        self._count_updates(len(chunks))
+        self._trained = (len(chunks), len(chunks[0]))
+        self.stats.scalar(**{S.loss_tag("total"): float(loss_sum) / len(chunks)})
+        self._log_loss_terms(module_id)
+        if config.grad_clip:
+            name = self.get_optimizers_for_module(module_id)[0][0]
+            self.metrics.log_value(
+                (module_id, f"gradients_{name}_global_norm"), grad_norm, window=1
+            )
+        return {module_id: fwd_out}, {module_id: loss}, {}
+
+    def _clip_and_step(self, config, optimizers):
+        """Clip by the global norm (when ``grad_clip``), then step; gradients that are not
+        finite are zeroed (or the step skipped, with ``torch_skip_nan_gradients``), as RLlib's
+        TorchLearner does. Returns the global norm before clipping."""
+        import torch
+
+        total = None
+        for opt in optimizers:
+            params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+            if config.grad_clip:
+                total = torch.nn.utils.clip_grad_norm_(params, config.grad_clip, foreach=True)
+            else:
+                total = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+            if not bool(torch.isfinite(total)):
+                if config.torch_skip_nan_gradients:
+                    logger.warning("Skipping a PPO update: its gradients are not finite.")
+                    continue
+                logger.warning("PPO gradients contain nan/inf values: setting them to zero.")
+                for p in params:
+                    p.grad = torch.nan_to_num(p.grad)
+            opt.step()
+        return total
+
+    def _ppo_loss(self, module_id, config, batch, fwd_out):
+        """RLlib's PPO loss (clipped surrogate, squared value error clipped at
+        ``vf_clip_param``, entropy bonus, optional KL penalty), with masked means as sums over
+        ``torch.where`` and its statistics left for :meth:`_log_loss_terms`."""
+        import torch
+
+        module = self.module[module_id].unwrapped()
+        mask = batch.get(Columns.LOSS_MASK)
+        if mask is None:
+            mean = torch.mean
+        else:
+            num_valid = mask.sum()
+
+            def mean(x):
+                return torch.where(mask, x, 0.0).sum() / num_valid
+
+        curr = module.get_train_action_dist_cls().from_logits(fwd_out[Columns.ACTION_DIST_INPUTS])
+        ratio = torch.exp(curr.logp(batch[Columns.ACTIONS]) - batch[Columns.ACTION_LOGP])
+        advantages = batch[Postprocessing.ADVANTAGES]
+        surrogate = torch.min(
+            advantages * ratio,
+            advantages * torch.clamp(ratio, 1 - config.clip_param, 1 + config.clip_param),
+        )
+        entropy = curr.entropy()
+        if config.use_critic:
+            values = module.compute_values(batch, embeddings=fwd_out.get(Columns.EMBEDDINGS))
+            vf_loss = torch.pow(values - batch[Postprocessing.VALUE_TARGETS], 2.0)
+            vf_clipped = torch.clamp(vf_loss, 0, config.vf_clip_param)
+        else:
+            values = vf_loss = vf_clipped = torch.zeros_like(surrogate)
+        coeff = self.entropy_coeff_schedulers_per_module[module_id].get_current_value()
+        total = mean(-surrogate + config.vf_loss_coeff * vf_clipped - coeff * entropy)
+        kl = None
+        if config.use_kl_loss:
+            prev = module.get_exploration_action_dist_cls().from_logits(
+                batch[Columns.ACTION_DIST_INPUTS]
+            )
+            kl = mean(prev.kl(curr))
+            total = total + self.curr_kl_coeffs_per_module[module_id] * kl
+        self._loss_terms = (mean, surrogate, vf_clipped, vf_loss, values, batch, entropy, kl)
+        return total
+
+    def _log_loss_terms(self, module_id) -> None:
+        """The last minibatch's loss statistics under RLlib's PPO keys (RLlib keeps only the
+        last minibatch's too)."""
+        import torch
+
+        mean, surrogate, vf_clipped, vf_loss, values, batch, entropy, kl = self._loss_terms
+        self._loss_terms = None
+        with torch.no_grad():
+            targets = batch.get(Postprocessing.VALUE_TARGETS, values)
+            self.metrics.log_dict(
+                {
+                    POLICY_LOSS_KEY: -mean(surrogate.detach()),
+                    VF_LOSS_KEY: mean(vf_clipped.detach()),
+                    LEARNER_RESULTS_VF_LOSS_UNCLIPPED_KEY: mean(vf_loss.detach()),
+                    LEARNER_RESULTS_VF_EXPLAINED_VAR_KEY: explained_variance(
+                        targets, values.detach()
+                    ),
+                    ENTROPY_KEY: mean(entropy.detach()),
+                    LEARNER_RESULTS_KL_KEY: (torch.tensor(0.0) if kl is None else kl.detach()),
+                },
+                key=module_id,
+                window=1,
+            )
+
+    def _log_steps_trained_metrics(self, batch):  # a hook: rllib_compat.OVERRIDDEN_HOOKS
+        # RLlib counts per minibatch: its rows as module steps, the whole batch's env steps as
+        # env steps; raylab's loop ran them all in one _update call.
+        if self._trained is None:
+            return super()._log_steps_trained_metrics(batch)
+        count, size = self._trained
+        self._trained = None
+        env_steps = count * batch.env_steps()
+        log = self.metrics.log_value
+        for mid in batch.policy_batches:
+            log((mid, WEIGHTS_SEQ_NO), rllib_compat.weights_seq_no(self), window=1)
+            log((mid, MODULE_TRAIN_BATCH_SIZE_MEAN), size, reduce="mean")
+            log((mid, NUM_MODULE_STEPS_TRAINED), count * size, reduce="sum")
+            log(
+                (mid, NUM_MODULE_STEPS_TRAINED_LIFETIME),
+                count * size,
+                reduce="lifetime_sum",
+                with_throughput=True,
+            )
+        total = count * size * len(batch.policy_batches)
+        log((ALL_MODULES, NUM_MODULE_STEPS_TRAINED), total, reduce="sum", with_throughput=True)
+        log(
+            (ALL_MODULES, NUM_MODULE_STEPS_TRAINED_LIFETIME),
+            total,
+            reduce="lifetime_sum",
+            with_throughput=True,
+        )
+        log((ALL_MODULES, NUM_ENV_STEPS_TRAINED), env_steps, reduce="sum", with_throughput=True)
+        log(
+            (ALL_MODULES, NUM_ENV_STEPS_TRAINED_LIFETIME),
+            env_steps,
+            reduce="lifetime_sum",
+            with_throughput=True,
+        )
 
     def after_gradient_based_update(self, *, timesteps):
         super().after_gradient_based_update(timesteps=timesteps)

@@ -192,8 +192,10 @@ class _Asymmetric:
         return {**batch, Columns.OBS: torch.cat([obs[..., :k], hidden], dim=-1)}
 
     def _forward(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
-        batch = self._normalized(batch)
-        actor = self.encoder.actor_encoder(self._actor_batch(batch))[ENCODER_OUT]
+        return self._policy(self._normalized(batch))
+
+    def _policy(self, normalized: Dict[str, Any]) -> Dict[str, Any]:
+        actor = self.encoder.actor_encoder(self._actor_batch(normalized))[ENCODER_OUT]
         return {Columns.ACTION_DIST_INPUTS: self._bounded(self.pi(actor))}
 
     def _bounded(self, dist_inputs: torch.Tensor) -> torch.Tensor:
@@ -202,8 +204,9 @@ class _Asymmetric:
         return bound_log_std(dist_inputs, self.model_config.get(MAX_LOG_STD))
 
     def _forward_train(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
-        out = self._forward(batch)
-        out[Columns.EMBEDDINGS] = self.encoder.critic_encoder(self._normalized(batch))[ENCODER_OUT]
+        batch = self._normalized(batch)
+        out = self._policy(batch)
+        out[Columns.EMBEDDINGS] = self.encoder.critic_encoder(batch)[ENCODER_OUT]
         return out
 
     def compute_values(self, batch: Dict[str, Any], embeddings=None):

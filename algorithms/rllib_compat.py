@@ -33,8 +33,13 @@ OVERRIDDEN_HOOKS: Dict[str, Tuple[str, ...]] = {
         "_sample",
         "_log_episode_metrics",
     ),
-    # RaylabAPPOLearner (algorithms/learners.py): batches are made where the timeline sees them.
-    "ray.rllib.core.learner.learner:Learner": ("_make_batch_if_necessary",),
+    # raylab's Learners (algorithms/learners.py): batches are made where the timeline sees them;
+    # RaylabPPOLearner runs the epochs of minibatches in one _update call and counts them.
+    "ray.rllib.core.learner.learner:Learner": (
+        "_make_batch_if_necessary",
+        "_update",
+        "_log_steps_trained_metrics",
+    ),
 }
 
 # Private attributes read or set through the accessors below: "module:Class" -> names (set on
@@ -64,7 +69,10 @@ CALLED_METHODS: Dict[str, Tuple[str, ...]] = {
         "_increase_sampled_metrics",
         "_log_episode_metrics",
     ),
-    "ray.rllib.core.learner.torch.torch_learner:TorchLearner": ("_get_tensor_variable",),
+    "ray.rllib.core.learner.torch.torch_learner:TorchLearner": (
+        "_get_tensor_variable",
+        "_compute_off_policyness",
+    ),
 }
 
 # Private modules and module-level names: "module" -> names.
@@ -111,9 +119,20 @@ def take_initial_reset_seed(runner) -> Optional[int]:
     return seed
 
 
-def weights_seq_no(runner) -> int:
-    """The sequence number of the weights an EnvRunner samples with (APPO's staleness)."""
-    return runner._weights_seq_no
+def weights_seq_no(actor) -> int:
+    """The sequence number of the weights an EnvRunner samples with (APPO's staleness), or of
+    a Learner's current update."""
+    return actor._weights_seq_no
+
+
+def grad_scalers(learner):
+    """A TorchLearner's mixed-precision gradient scalers, or None."""
+    return getattr(learner, "_grad_scalers", None)
+
+
+def log_off_policyness(learner, batch) -> None:
+    """A TorchLearner's metric of how many updates the batch's sampling weights lag behind."""
+    learner._compute_off_policyness(batch)
 
 
 def count_sampled(runner, steps: int, episodes: int, env_steps_metric: bool = True) -> None:

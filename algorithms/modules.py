@@ -21,9 +21,10 @@ default one would be built (EnvRunners, Learners, checkpoints, ``raylab eval``).
 shifted and scaled by the running mean and std of every observation trained on, then clipped to
 [-10, 10]. The statistics are buffers of the module, so they travel with the weights: the
 EnvRunners act, the evaluation evaluates and a checkpoint restores with exactly the statistics
-of the weights they hold, and nothing else has to be synchronised. The Learner collects each
-minibatch's valid steps (which come from every EnvRunner) as it computes their loss and merges
-them into the statistics once the whole update is done: during an update every minibatch is
+of the weights they hold, and nothing else has to be synchronised. The Learner collects the update's
+valid steps (which come from every EnvRunner; PPO's Learner once per update, each sampled
+observation once, APPO's per batch it trains on) and merges them into the statistics once the
+whole update is done: during an update every minibatch is
 normalised exactly as the EnvRunners normalised it when they sampled it (the statistics they
 held), so the probability ratios start at 1. Updating after every minibatch instead moved the
 normalisation under the policy within one update, most of all early on, when the first 64

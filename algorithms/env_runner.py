@@ -132,8 +132,10 @@ class RaylabFastEnvRunner(RaylabEnvRunner):
         tracker = stats_tracker.get(COLLECTOR_TRACKER)
         self._trace_sample_thread()
         # An EnvRunner's module never trains: in eval mode RLlib's forward_exploration does not
-        # switch it back to train mode (all submodules) after every step.
+        # switch it back to train mode (all submodules) after every step, and raylab's modules
+        # skip the switch to eval mode too (AsymmetricPPOModule.explore).
         self.module.eval()
+        policy = getattr(self.module, "explore", self.module.forward_exploration)
         if self._loop is None or force_reset:
             self._loop = RolloutLoop(self.batched_env(), tracker)
             # The same seeding as RLlib's own first reset of this EnvRunner.
@@ -143,7 +145,7 @@ class RaylabFastEnvRunner(RaylabEnvRunner):
             self._ep_start = np.full(self.num_envs, time.perf_counter())
         # Whole vector steps until num_timesteps transitions, as RLlib's loop counts them.
         frag = self._loop.run(
-            self.module.forward_exploration,
+            policy,
             self.module.get_exploration_action_dist_cls(),
             min_transitions=max(1, int(num_timesteps)),
         )

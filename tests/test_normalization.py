@@ -34,6 +34,37 @@ def test_running_statistics_equal_those_of_every_valid_row_seen():
     assert far[0, 0] == OBS_CLIP and far[0, 1] == -OBS_CLIP
 
 
+def test_the_normalisation_follows_every_change_of_its_statistics():
+    """The float32 statistics are kept between calls (an EnvRunner normalises every step) and
+    rebuilt whenever the buffers change: a merge, a commit, a weight sync (load_state_dict);
+    what inference mode computed never enters autograd."""
+
+    def expected(norm, x):
+        mean, var = norm.mean.to(torch.float32), norm.var.to(torch.float32)
+        return torch.clamp((x - mean) / torch.sqrt(var + norm.eps), -OBS_CLIP, OBS_CLIP)
+
+    rng = np.random.default_rng(2)
+    x = torch.as_tensor(rng.normal(1.0, 3.0, size=(8, 2)), dtype=torch.float32)
+    norm = RunningObsNorm(2)
+    with torch.inference_mode():
+        torch.testing.assert_close(norm(x), expected(norm, x), rtol=0, atol=0)
+    norm.update(torch.as_tensor(rng.normal(5.0, 2.0, size=(50, 2)), dtype=torch.float32))
+    torch.testing.assert_close(norm(x), expected(norm, x), rtol=0, atol=0)
+    norm.collect(torch.as_tensor(rng.normal(-4.0, 1.0, size=(30, 2)), dtype=torch.float32))
+    norm.commit()
+    with torch.inference_mode():
+        torch.testing.assert_close(norm(x), expected(norm, x), rtol=0, atol=0)
+    synced = RunningObsNorm(2)
+    synced.update(torch.as_tensor(rng.normal(9.0, 0.5, size=(20, 2)), dtype=torch.float32))
+    norm.load_state_dict(synced.state_dict())
+    with torch.inference_mode():
+        torch.testing.assert_close(norm(x), expected(synced, x), rtol=0, atol=0)
+    layer = torch.nn.Linear(2, 1)
+    layer(norm(x)).sum().backward()  # after an inference-mode call, in autograd
+    assert layer.weight.grad is not None
+    torch.testing.assert_close(norm(x), expected(synced, x), rtol=0, atol=0)
+
+
 def test_an_update_is_normalised_with_the_statistics_it_was_sampled_with():
     """The Learner collects each minibatch's rows and commits them after the whole update: the
     normalisation is the EnvRunners' until then, and the commit gives the statistics of every

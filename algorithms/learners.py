@@ -531,7 +531,6 @@ class RaylabPPOLearner(_TimedLearnerMixin, PPOTorchLearner):
             return super()._log_steps_trained_metrics(batch)
         count, size = self._trained
         self._trained = None
-        env_steps = count * batch.env_steps()
         log = self.metrics.log_value
         for mid in batch.policy_batches:
             log((mid, WEIGHTS_SEQ_NO), rllib_compat.weights_seq_no(self), window=1)
@@ -543,21 +542,15 @@ class RaylabPPOLearner(_TimedLearnerMixin, PPOTorchLearner):
                 reduce="lifetime_sum",
                 with_throughput=True,
             )
-        total = count * size * len(batch.policy_batches)
-        log((ALL_MODULES, NUM_MODULE_STEPS_TRAINED), total, reduce="sum", with_throughput=True)
-        log(
-            (ALL_MODULES, NUM_MODULE_STEPS_TRAINED_LIFETIME),
-            total,
-            reduce="lifetime_sum",
-            with_throughput=True,
-        )
-        log((ALL_MODULES, NUM_ENV_STEPS_TRAINED), env_steps, reduce="sum", with_throughput=True)
-        log(
-            (ALL_MODULES, NUM_ENV_STEPS_TRAINED_LIFETIME),
-            env_steps,
-            reduce="lifetime_sum",
-            with_throughput=True,
-        )
+        module_steps = count * size * len(batch.policy_batches)
+        for key, value in (
+            (NUM_MODULE_STEPS_TRAINED, module_steps),
+            (NUM_MODULE_STEPS_TRAINED_LIFETIME, module_steps),
+            (NUM_ENV_STEPS_TRAINED, count * batch.env_steps()),
+            (NUM_ENV_STEPS_TRAINED_LIFETIME, count * batch.env_steps()),
+        ):
+            reduce = "lifetime_sum" if key.endswith("_lifetime") else "sum"
+            log((ALL_MODULES, key), value, reduce=reduce, with_throughput=True)
 
     def after_gradient_based_update(self, *, timesteps):
         super().after_gradient_based_update(timesteps=timesteps)

@@ -150,6 +150,8 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
             "orthogonal": bool(algo.get("orthogonal_init", False)),
         }
         learner_extras["adam_eps"] = float(algo.adam_eps)
+    if algo.name == "ppo":
+        learner_extras["update_threads"] = algo.learner_threads
     fast = use_fast_sampler(cfg)
     if cfg.algo.name == "sac":
         runner_cls = config.env_runner_cls  # SAC's transition path is always raylab's loop

@@ -300,6 +300,15 @@ def minibatch_indices(
     return [order[i * size : (i + 1) * size] for i in range(count)]
 
 
+def update_threads(wanted: Optional[int], num_learners: int, cores: int) -> int:
+    """``algo.learner_threads``: torch threads for PPO's update on CPU; by default every core of
+    the Learner's machine with one Learner (nobody samples while PPO learns), else 1 each; never
+    more than the cores."""
+    if wanted is None:
+        wanted = cores if num_learners <= 1 else 1
+    return max(1, min(int(wanted), cores))
+
+
 class RaylabPPOLearner(_TimedLearnerMixin, PPOTorchLearner):
     """RLlib's PPO learner with raylab's minibatch loop.
 
@@ -326,6 +335,13 @@ class RaylabPPOLearner(_TimedLearnerMixin, PPOTorchLearner):
         self._last_update_end = None
         self._layout = None  # this update's minibatch layout while raylab's loop runs it
         self._trained = None  # (minibatches, rows each) of the last update raylab's loop ran
+        self._update_threads = self._resolve_update_threads()
+
+    def _resolve_update_threads(self) -> int:
+        import os
+
+        wanted = (self.config.learner_config_dict or {}).get("update_threads")
+        return update_threads(wanted, self.config.num_learners, len(os.sched_getaffinity(0)))
 
     def _own_loop_covers(self) -> bool:
         module_ids = list(self.module.keys())
@@ -369,10 +385,16 @@ class RaylabPPOLearner(_TimedLearnerMixin, PPOTorchLearner):
             # RLlib's update sees one batch of one epoch and calls _update once with it.
             self._layout, self._trained = layout, None
             layout = dict(num_epochs=1, minibatch_size=None, shuffle_batch_per_epoch=False)
+        import torch
+
+        threads = torch.get_num_threads()
+        if self.device.type == "cpu":
+            torch.set_num_threads(self._update_threads)
         try:
             result = super().update(*args, training_data=training_data, **layout, **kwargs)
         finally:
             self._layout = None
+            torch.set_num_threads(threads)
         self._last_update_end = (time.perf_counter(), time.thread_time())
         return result
 

@@ -81,13 +81,14 @@ if [ "$what" = all ] || [ "$what" = train ]; then
 
     # 10. End to end against bare physics on all cores (every run above also has its physics
     #     windows, --physics-seconds 5): APPO on one EnvRunner x 32 envs (the default) and on
-    #     two x 16 (the same envs, two processes whose serial parts overlap), PPO, SAC at its
-    #     default replay ratio and at 0.25 with 32 envs on one or two learner threads.
+    #     two x 16 (the same envs, two processes whose serial parts overlap), PPO with its
+    #     update on one torch thread or on both cores (its default), SAC at its default replay
+    #     ratio and at 0.25 with 32 envs on one or two learner threads.
     $RAYLAB bench train --algo appo --sides batched --rounds 2 --seconds 30 --warmup 20 \
         --vary resources.num_env_runners=1,2 --vary env.num_envs=32,16 \
         --out "$RES/train_appo_physics.json"
     $RAYLAB bench train --algo ppo --sides batched --rounds 2 --seconds 30 --warmup 20 \
-        --out "$RES/train_ppo_physics.json"
+        --vary algo.learner_threads=1,2 --out "$RES/train_ppo_physics.json"
     $RAYLAB bench train --algo sac --sides batched --rounds 1 --seconds 40 --warmup 30 \
         --vary resources.num_cpus_per_learner=1,2 --out "$RES/train_sac_physics.json" \
         env.num_envs=32 algo.updates_per_step=0.25

@@ -229,6 +229,12 @@ class PPOConfig(OnPolicyConfig):
     entropy_coeff: float = option(0.0, "entropy bonus weight")
     kl_coeff: float = option(0.0, "initial KL penalty weight (0: off)")
     kl_target: float = option(0.01, "KL target for the adaptive penalty")
+    learner_threads: Optional[int] = option(
+        None,
+        "torch threads of a CPU Learner's update (null: with one Learner the cores of its "
+        "machine, since PPO samples while nobody learns and learns while nobody samples; with "
+        "several, 1 each)",
+    )
 
 
 @dataclass

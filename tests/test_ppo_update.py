@@ -14,7 +14,7 @@ import copy
 import numpy as np
 import pytest
 
-from raylab.algorithms.learners import minibatch_indices
+from raylab.algorithms.learners import minibatch_indices, update_threads
 
 
 def test_minibatches_cover_every_row_once_per_epoch():
@@ -145,3 +145,44 @@ def test_raylab_s_minibatch_loop_updates_as_rllib_s_does(ray_in_process):
     ):
         assert ours_result[name] == theirs_result[name], name
     assert ours_result["default_policy/num_module_steps_trained"] == 13 * 64
+
+
+def test_the_update_runs_on_the_machine_s_cores_unless_told(monkeypatch):
+    """algo.learner_threads: PPO's update (which never overlaps sampling) runs on every core of
+    its machine with one Learner, on the number given otherwise (at most the cores); the
+    Learner's thread count outside the update is left as it was."""
+    import os
+
+    import gymnasium as gym
+    import torch
+
+    from raylab.algorithms.build import build_algorithm_config
+    from raylab.config import compose
+
+    env = gym.make("Pendulum-v1")
+    spaces = {"__env__": (env.observation_space, env.action_space)}
+    spaces["default_policy"] = spaces["__env__"]
+    env.close()
+    cores = len(os.sched_getaffinity(0))
+    for extra, expected in (
+        ([], cores),
+        (["algo.learner_threads=1"], 1),
+        (["algo.learner_threads=64"], cores),
+    ):
+        cfg = compose("ppo", "Pendulum-v1", "mujoco", ["algo.hidden=[16]"] + extra)
+        learner = build_algorithm_config(cfg).build_learner(spaces=spaces)
+        learner.build()
+        assert learner._update_threads == expected, extra
+    assert update_threads(None, num_learners=2, cores=8) == 1  # Learners sharing a machine
+    assert update_threads(None, num_learners=0, cores=8) == 8  # learning in the algorithm actor
+
+    from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
+
+    seen = []  # RLlib's update, under raylab's: the thread count it runs with
+    monkeypatch.setattr(
+        PPOTorchLearner, "update", lambda self, *a, **k: seen.append(torch.get_num_threads())
+    )
+    before = torch.get_num_threads()
+    learner._update_threads = 1 if before != 1 else 2
+    learner.update(timesteps={})
+    assert seen == [learner._update_threads] and torch.get_num_threads() == before

@@ -175,8 +175,9 @@ GYMNASIUM_ENV_DEFAULTS = {"ppo": {"num_envs": 1}, "sac": {"num_envs": 8}}
 # from -2, 256-256 ReLU, no value-loss clamp). With the reference PPO's layout above the task
 # reached 1,654-1,819 at 1M env steps on every variant of it that was tried (seed 0); with these
 # 3,698 at 300k and 5,678 at 1M (mean of the last 100 episodes, seed 0; the reference's curve:
-# 1,700 and 2,900); seed 1: 4,119 and 5,917 in 22.0 minutes per 1M with the PPO Learner's own
-# minibatch loop (seed 0 took 39.7 with RLlib's; benchmarks/README.md, "Gymnasium parity").
+# 1,700 and 2,900); with the PPO Learner's own minibatch loop seeds 1 and 0 reached 5,917 and
+# 5,215 in 22.0 and 22.9 minutes per 1M (39.7 with RLlib's; benchmarks/README.md, "Gymnasium
+# parity").
 GYMNASIUM_FAMILY_ALGO_DEFAULTS = {
     "HalfCheetah": {
         "ppo": {

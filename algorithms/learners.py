@@ -300,12 +300,23 @@ def minibatch_indices(
     return [order[i * size : (i + 1) * size] for i in range(count)]
 
 
-def update_threads(wanted: Optional[int], num_learners: int, cores: int) -> int:
+# The smallest minibatch whose update runs faster on every core than on one (2 cores, one update:
+# 32 and 64 rows 0.83-0.99x, 256 rows 1.05x, 1,024 rows 1.22x; torch splits an op across
+# threads only when it is large, and every op pays the hand-over;
+# benchmarks/results/ppo_update_threads.json).
+THREADED_MINIBATCH = 512
+
+
+def update_threads(
+    wanted: Optional[int], num_learners: int, cores: int, minibatch_size: Optional[int] = None
+) -> int:
     """``algo.learner_threads``: torch threads for PPO's update on CPU; by default every core of
-    the Learner's machine with one Learner (nobody samples while PPO learns), else 1 each; never
-    more than the cores."""
+    the Learner's machine with one Learner (nobody samples while PPO learns) and minibatches of
+    at least :data:`THREADED_MINIBATCH` rows (``None``: the whole batch), else 1; never more
+    than the cores."""
     if wanted is None:
-        wanted = cores if num_learners <= 1 else 1
+        big = minibatch_size is None or int(minibatch_size) >= THREADED_MINIBATCH
+        wanted = cores if num_learners <= 1 and big else 1
     return max(1, min(int(wanted), cores))
 
 
@@ -341,7 +352,9 @@ class RaylabPPOLearner(_TimedLearnerMixin, PPOTorchLearner):
         import os
 
         wanted = (self.config.learner_config_dict or {}).get("update_threads")
-        return update_threads(wanted, self.config.num_learners, len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0))
+        minibatch = self.config.minibatch_size
+        return update_threads(wanted, self.config.num_learners, cores, minibatch)
 
     def _own_loop_covers(self) -> bool:
         module_ids = list(self.module.keys())

@@ -231,9 +231,9 @@ class PPOConfig(OnPolicyConfig):
     kl_target: float = option(0.01, "KL target for the adaptive penalty")
     learner_threads: Optional[int] = option(
         None,
-        "torch threads of a CPU Learner's update (null: with one Learner the cores of its "
-        "machine, since PPO samples while nobody learns and learns while nobody samples; with "
-        "several, 1 each)",
+        "torch threads of a CPU Learner's update (null: with one Learner and minibatches of at "
+        "least 512 rows the cores of its machine, since PPO samples while nobody learns and "
+        "learns while nobody samples; smaller minibatches or several Learners: 1 each)",
     )
 
 

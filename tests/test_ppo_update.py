@@ -149,8 +149,10 @@ def test_raylab_s_minibatch_loop_updates_as_rllib_s_does(ray_in_process):
 
 def test_the_update_runs_on_the_machine_s_cores_unless_told(monkeypatch):
     """algo.learner_threads: PPO's update (which never overlaps sampling) runs on every core of
-    its machine with one Learner, on the number given otherwise (at most the cores); the
-    Learner's thread count outside the update is left as it was."""
+    its machine with one Learner and minibatches of 512 rows or more, on one thread with
+    smaller minibatches (where a second thread costs more than it splits), on the number given
+    otherwise (at most the cores); the Learner's thread count outside the update is left as it
+    was."""
     import os
 
     import gymnasium as gym
@@ -165,8 +167,10 @@ def test_the_update_runs_on_the_machine_s_cores_unless_told(monkeypatch):
     env.close()
     cores = len(os.sched_getaffinity(0))
     for extra, expected in (
-        ([], cores),
-        (["algo.learner_threads=1"], 1),
+        ([], 1),  # the Gymnasium ids' 64-row minibatches: one thread is faster
+        (["algo.minibatch_size=512"], cores),
+        (["algo.learner_threads=1", "algo.minibatch_size=512"], 1),
+        (["algo.learner_threads=2"], min(2, cores)),
         (["algo.learner_threads=64"], cores),
     ):
         cfg = compose("ppo", "Pendulum-v1", "mujoco", ["algo.hidden=[16]"] + extra)
@@ -175,6 +179,9 @@ def test_the_update_runs_on_the_machine_s_cores_unless_told(monkeypatch):
         assert learner._update_threads == expected, extra
     assert update_threads(None, num_learners=2, cores=8) == 1  # Learners sharing a machine
     assert update_threads(None, num_learners=0, cores=8) == 8  # learning in the algorithm actor
+    assert update_threads(None, num_learners=1, cores=8, minibatch_size=1024) == 8
+    assert update_threads(None, num_learners=1, cores=8, minibatch_size=64) == 1
+    assert update_threads(3, num_learners=1, cores=8, minibatch_size=64) == 3  # asked for
 
     from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 

@@ -255,6 +255,9 @@ def test_a_gymnasium_family_s_tuned_settings_apply_to_its_ids_only():
         == GYMNASIUM_ALGO_DEFAULTS["sac"]["critic_lr"]
     )
     assert compose("ppo", "HalfCheetah-v5", overrides=["algo.num_epochs=3"]).algo.num_epochs == 3
+    walker = GYMNASIUM_FAMILY_ALGO_DEFAULTS["Walker2d"]["ppo"]
+    algo = OmegaConf.to_container(compose("ppo", "Walker2d-v5").algo)
+    assert {k: algo[k] for k in walker} == walker and algo["hidden"] == generic["hidden"]
 
 
 def test_gpu_only_sac_options_are_refused_on_cpu_learners():

@@ -36,3 +36,10 @@ def test_value_at_refuses_a_step_the_run_did_not_reach():
     result = {"episodes": EPISODES, "env_steps": 300_000}
     assert parity.value_at(result, 300_000, parity.last100) == pytest.approx(2495.0)
     assert parity.value_at(result, 310_000, parity.last100) is None
+
+
+def test_runs_that_differ_only_in_speed_settings_are_seeds_of_one_configuration():
+    a = ["algo.lr=5e-5", "algo.learner_threads=1"]
+    b = ["algo.lr=5e-5"]
+    assert parity.learning_overrides(a) == parity.learning_overrides(b) == ("algo.lr=5e-5",)
+    assert parity.learning_overrides(["algo.lr=1e-4"]) != parity.learning_overrides(b)

@@ -186,6 +186,16 @@ def _cell(values: List[float]) -> str:
     return f"{statistics.mean(values):,.0f} +/- {sd:,.0f} ({len(values)})"
 
 
+# Overrides that change how fast a run goes, not what it learns: runs that differ only in
+# these are seeds of one configuration in the table and the plots.
+SPEED_ONLY = ("algo.learner_threads=",)
+
+
+def learning_overrides(overrides) -> tuple:
+    """``overrides`` without the speed-only ones (:data:`SPEED_ONLY`)."""
+    return tuple(o for o in overrides if not o.startswith(SPEED_ONLY))
+
+
 def report() -> str:
     refs = references()
     groups: Dict[tuple, List[dict]] = {}
@@ -193,7 +203,7 @@ def report() -> str:
         r = json.loads(path.read_text())
         if "episodes" not in r and "curve" not in r:
             continue
-        key = (r["algo"], r["task"], tuple(r.get("overrides") or ()))
+        key = (r["algo"], r["task"], learning_overrides(r.get("overrides") or ()))
         groups.setdefault(key, []).append(r)
     lines = [
         "| task | algorithm | overrides | env steps | raylab, episodes within 5k steps (mean +/- "

@@ -537,6 +537,42 @@ def test_pushes_kick_the_trunk_on_schedule():
     env.close(), off.close()
 
 
+def test_a_push_curriculum_scales_the_kicks_and_draws_the_same_schedule():
+    """Training only: the kicks are the task's draws times the curriculum's factor (0: nobody
+    is pushed), on the same steps; the factor follows the env steps of all envs."""
+    kw = dict(num_envs=2, push_vel=1.0, push_interval_s=[0.1, 0.1], info_mode="full")
+
+    def kicks(**opts):
+        env = Go2JoystickFlatVecEnv(**kw, **opts)
+        env.reset(seed=0)
+        out = []
+        for _ in range(10):
+            *_, info = env.step(np.zeros((2, 12)))
+            out.append((info["pushed"].copy(), env.kick.copy()))
+        steps = env.env_steps
+        env.close()
+        return out, steps
+
+    task, steps = kicks()
+    assert steps == 20
+    off, _ = kicks(push_curriculum_steps=1000, push_scale_start=0.0, push_scale_end=0.0)
+    assert not any(p.any() for p, _ in off)
+    half, _ = kicks(push_scale_end=0.5)
+    ramp, _ = kicks(push_curriculum_steps=16, push_scale_start=0.0)  # factor = env steps / 16
+    for t, ((p, k), (p_half, k_half), (p_ramp, k_ramp)) in enumerate(zip(task, half, ramp)):
+        assert np.array_equal(p, p_half) and np.array_equal(p_ramp, p)
+        np.testing.assert_allclose(k_half[p], 0.5 * k[p])
+        if p.any():  # interval_push runs before the step's env steps are counted
+            np.testing.assert_allclose(k_ramp[p], min(1.0, 2 * t / 16) * k[p])
+    with pytest.raises(ValueError, match=r"push_scale_end=4.0 is invalid; valid range: 0..3.0"):
+        Go2JoystickFlatVecEnv(num_envs=1, push_scale_end=4.0)
+    from raylab.envs.tasks import TASKS
+
+    for task in ("go2_joystick_flat", "microduck_joystick"):  # evaluation runs the defaults
+        only = TASKS[task].training_only_options()
+        assert only == {"push_curriculum_steps": 0, "push_scale_start": 0.0, "push_scale_end": 1.0}
+
+
 def _hold_pose_errors(gym_id="raylab/Go2JoystickFlat-v0", options=None, episodes=3, seed=0):
     env = eval_vec_env(gym_id, options or {}, episodes, batched=True)
     try:

@@ -9,6 +9,7 @@ registers the table's tasks with Gymnasium.
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Tuple
 
@@ -92,6 +93,55 @@ class BatchedEnvConfig(EnvConfig):
 
 def option_range(low: float, high: float, help: str):
     return option(help=help, factory=lambda: [low, high])
+
+
+MAX_PUSH_SCALE = 3.0  # a training push curriculum's factor: 0..3 times the task's push speeds
+
+
+@dataclass
+class PushCurriculum:
+    """The training-only push curriculum of a task with pushes: its push speeds are multiplied by
+    :meth:`push_scale` of the env steps so far, which changes no other draw (1.0 with the
+    defaults, and always in evaluation)."""
+
+    push_curriculum_steps: int = option(
+        0,
+        "training only: push speeds are scaled by a factor that goes linearly from "
+        "push_scale_start to push_scale_end over this many env steps of each vector env "
+        "(per EnvRunner: with R EnvRunners the ramp ends after about R times as many steps in "
+        "all); 0: no ramp, the factor is push_scale_end throughout",
+        training_only=True,
+    )
+    push_scale_start: float = option(
+        0.0, "training only: push-speed factor at the start of the curriculum", training_only=True
+    )
+    push_scale_end: float = option(
+        1.0,
+        "training only: push-speed factor at the end of the curriculum (above 1: pushes "
+        "stronger than the task's, for robustness late in training)",
+        training_only=True,
+    )
+
+    def push_scale(self, env_steps: int) -> float:
+        """The push-speed factor after ``env_steps`` steps of one env (or vector env): linear
+        from ``push_scale_start`` to ``push_scale_end`` over ``push_curriculum_steps``, then
+        ``push_scale_end``."""
+        end = float(self.push_scale_end)
+        if int(self.push_curriculum_steps) <= 0:
+            return end
+        start = float(self.push_scale_start)
+        return start + (end - start) * min(1.0, env_steps / int(self.push_curriculum_steps))
+
+    def check_push_curriculum(self) -> None:
+        """One-line ``ValueError`` for a bad curriculum value, naming the valid range."""
+        if int(self.push_curriculum_steps) < 0:
+            raise ValueError(
+                f"push_curriculum_steps={self.push_curriculum_steps} is invalid; it must be >= 0"
+            )
+        for name in ("push_scale_start", "push_scale_end"):
+            v = float(getattr(self, name))
+            if not (math.isfinite(v) and 0 <= v <= MAX_PUSH_SCALE):
+                raise ValueError(f"{name}={v} is invalid; valid range: 0..{MAX_PUSH_SCALE}")
 
 
 @dataclass

@@ -69,7 +69,7 @@ from raylab.envs.core.terms import (  # noqa: F401  (obs terms re-exported for t
     upright,
 )
 from raylab.envs.core.vec_env import BatchedVecEnv
-from raylab.envs.tasks import BatchedEnvConfig, option, option_range
+from raylab.envs.tasks import BatchedEnvConfig, PushCurriculum, option, option_range
 
 CONTROL_DT = 0.02  # 50 Hz control in both tasks
 MOVING_COMMAND = 0.1  # |command| above this counts as "move" for the feet terms
@@ -416,15 +416,19 @@ def reset_push_timer(env, env_ids):
 
 
 def interval_push(env, env_ids=None):
-    """Every push_interval_s (drawn per push) add uniform(+/- push_vel) to the trunk's vx, vy."""
+    """Every push_interval_s (drawn per push) add uniform(+/- push_vel) to the trunk's vx, vy,
+    times the training push curriculum's factor (1 by default and in evaluation; the draws are
+    the same whatever the factor, and a factor of 0 pushes nobody)."""
     env.kick_mask[:] = False
     if env.opts.push_vel <= 0:
         return
+    factor = env.opts.push_scale(env.env_steps)
     env.push_countdown[env.stepping] -= 1
     for i in np.flatnonzero(env.stepping & (env.push_countdown <= 0)):
         rng = env.rngs[i]
-        env.kick[i] = rng.uniform(-env.opts.push_vel, env.opts.push_vel, size=2)
-        env.kick_mask[i] = True
+        kick = rng.uniform(-env.opts.push_vel, env.opts.push_vel, size=2)
+        env.kick[i] = kick if factor == 1.0 else kick * factor
+        env.kick_mask[i] = factor > 0.0
         env.push_countdown[i] = env.draw_push_interval(rng)
 
 
@@ -461,7 +465,7 @@ class JoystickTask:
 
 
 @dataclass
-class JoystickConfig(BatchedEnvConfig):
+class JoystickConfig(PushCurriculum, BatchedEnvConfig):
     """Options shared by the joystick tasks; the defaults are the Go2's (see
     envs/tasks/legged_joystick.py).
 
@@ -567,6 +571,7 @@ def check_joystick_options(o) -> None:
             bad(f"{name}={getattr(o, name)} is invalid; a reward weight must be finite")
     if o.gait_freq_hz == 0 and o.rew_feet_swing_height != 0:
         bad("rew_feet_swing_height needs the gait clock; set gait_freq_hz > 0 or the weight to 0")
+    o.check_push_curriculum()
 
 
 def rewards(opts) -> Tuple[RewardTerm, ...]:
@@ -633,6 +638,7 @@ class JoystickVecEnv(BatchedVecEnv):
         self.command = np.zeros((n, 3))  # the command tracked on the current step
         self.moving = np.zeros(n, dtype=bool)
         self.push_countdown = np.zeros(n, dtype=np.int64)
+        self.env_steps = 0  # steps of all envs so far, for a training push curriculum
         self.domain: List[Optional[Dict[str, Any]]] = [None] * n
 
         o = self.opts
@@ -706,6 +712,7 @@ class JoystickVecEnv(BatchedVecEnv):
 
     def _after_physics(self, active: np.ndarray, resetting: np.ndarray):
         ids = np.flatnonzero(active)
+        self.env_steps += len(ids)
         self.gait_phase[ids] = (self.gait_phase[ids] + self.opts.gait_freq_hz * CONTROL_DT) % 1.0
 
         self._read_sensors()

@@ -80,7 +80,7 @@ from raylab.envs.robots.microduck import (
     prototype,
     robot_index,
 )
-from raylab.envs.tasks import BatchedEnvConfig, option
+from raylab.envs.tasks import BatchedEnvConfig, PushCurriculum, option
 
 # ---------------------------------------------------------------------------------------------
 # Constants of the task
@@ -92,7 +92,6 @@ OBS_DIM = 48
 PRIVILEGED_DIM = 4
 MAX_OBS_HISTORY = 8  # obs_history: at most 8 previous observations (0.16 s)
 PUSH_MARGIN_STEPS = 25  # pushes land at least 0.5 s from either end of the episode
-MAX_PUSH_SCALE = 3.0  # a training push curriculum's factor: 0..3 times the task's speeds
 
 # Observation scale table, float32 like the original task's constants. Multiplying the float64
 # raw values by it promotes each constant (0.05 becomes 0.05000000074505806).
@@ -211,7 +210,7 @@ def _weight(term: str, help: str):
 
 
 @dataclass
-class MicroduckBalanceConfig(BatchedEnvConfig):
+class MicroduckBalanceConfig(PushCurriculum, BatchedEnvConfig):
     """The options of microduck_balance (both envs; ``env.*`` in a raylab config)."""
 
     reward_version: str = option("v2", "reward definition", ("v1", "v2"))
@@ -256,23 +255,6 @@ class MicroduckBalanceConfig(BatchedEnvConfig):
         "always runs the task's fixed-length episodes",
         training_only=True,
     )
-    push_curriculum_steps: int = option(
-        0,
-        "training only: push speeds are scaled by a factor that goes linearly from "
-        "push_scale_start to push_scale_end over this many env steps of each vector env "
-        "(per EnvRunner: with R EnvRunners the ramp ends after about R times as many steps in "
-        "all); 0: no ramp, the factor is push_scale_end throughout",
-        training_only=True,
-    )
-    push_scale_start: float = option(
-        0.0, "training only: push-speed factor at the start of the curriculum", training_only=True
-    )
-    push_scale_end: float = option(
-        1.0,
-        "training only: push-speed factor at the end of the curriculum (above 1: pushes "
-        "stronger than the task's, for robustness late in training)",
-        training_only=True,
-    )
 
     def check(self) -> None:
         check_balance_options(self)
@@ -295,14 +277,7 @@ def check_balance_options(o) -> None:
         raise ValueError(
             f"latency_steps={o.latency_steps} is invalid; valid range: 0..{MAX_LATENCY}"
         )
-    if int(o.push_curriculum_steps) < 0:
-        raise ValueError(
-            f"push_curriculum_steps={o.push_curriculum_steps} is invalid; it must be >= 0"
-        )
-    for name in ("push_scale_start", "push_scale_end"):
-        v = float(getattr(o, name))
-        if not (math.isfinite(v) and 0 <= v <= MAX_PUSH_SCALE):
-            raise ValueError(f"{name}={v} is invalid; valid range: 0..{MAX_PUSH_SCALE}")
+    o.check_push_curriculum()
     for name in ("action_scale", "push_vel_min", "push_vel_max", "init_noise"):
         v = float(getattr(o, name))
         if not math.isfinite(v) or v < 0:
@@ -324,14 +299,10 @@ def balance_options(options: Dict[str, Any]) -> MicroduckBalanceConfig:
 
 
 def push_scale(o: MicroduckBalanceConfig, env_steps: int) -> float:
-    """The training push-speed factor after ``env_steps`` steps of one env (or vector env):
-    linear from ``push_scale_start`` to ``push_scale_end`` over ``push_curriculum_steps``, then
-    ``push_scale_end``; 1.0 with the task's own options (and in evaluation)."""
-    end = float(o.push_scale_end)
-    if int(o.push_curriculum_steps) <= 0:
-        return end
-    start = float(o.push_scale_start)
-    return start + (end - start) * min(1.0, env_steps / int(o.push_curriculum_steps))
+    """The training push-speed factor after ``env_steps`` steps of one env (or vector env)
+    (:meth:`~raylab.envs.tasks.PushCurriculum.push_scale`); 1.0 with the task's own options
+    (and in evaluation)."""
+    return o.push_scale(env_steps)
 
 
 def push_slots(episode_steps: int) -> np.ndarray:

@@ -406,6 +406,7 @@ def _sac(cfg: DictConfig):
     config.torch_compile = a.torch_compile
     config.bf16_autocast = a.bf16_autocast
     config.critic_loss = a.critic_loss
+    config.store_buffer_in_checkpoints = a.store_buffer_in_checkpoints
     config.learner_torch_threads = max(
         1, int(a.learner_threads or cfg.resources.num_cpus_per_learner)
     )

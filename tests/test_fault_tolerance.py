@@ -9,8 +9,9 @@
 3. The Learner actor is killed (SIGKILL), for APPO and for SAC (whose replay lives in the
    Learner): RLlib does not restart Learners, so the trial fails and Tune restores it from its
    last checkpoint (training.max_failures); the counters go on from the checkpoint's values.
-   SAC's replay is not part of the checkpoint: the restored Learner refills it from new
-   samples (the transitions since the last checkpoint are sampled again).
+   SAC's replay is not part of the checkpoint here (algo.store_buffer_in_checkpoints off, the
+   default): the restored Learner refills it from new samples (the transitions since the last
+   checkpoint are sampled again).
 
 The driver is the `raylab train` command joining the head (resources.ray_address), so killing
 it leaves the cluster up, as on a real cluster. Each scenario runs once (module fixtures) and

@@ -43,3 +43,39 @@ def test_runs_that_differ_only_in_speed_settings_are_seeds_of_one_configuration(
     b = ["algo.lr=5e-5"]
     assert parity.learning_overrides(a) == parity.learning_overrides(b) == ("algo.lr=5e-5",)
     assert parity.learning_overrides(["algo.lr=1e-4"]) != parity.learning_overrides(b)
+
+
+@pytest.mark.slow
+def test_a_run_stopped_after_its_minutes_resumes_to_its_budget_with_its_replay(
+    tmp_path, monkeypatch
+):
+    """--stop-after-min stops a real SAC run gracefully (SIGTERM, its final checkpoint) short
+    of its budget; --resume continues it to the budget with the replay it had
+    (algo.store_buffer_in_checkpoints): no second random warm-up, the episodes go on from the
+    stopped run's, and the result adds up both segments. `raylab train` runs with its own
+    local Ray here, as the runner starts it for a user."""
+    monkeypatch.setattr(parity, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(parity, "RESULTS", tmp_path / "results")
+    overrides = [
+        "algo.store_buffer_in_checkpoints=true",
+        "algo.updates_per_step=0.25",
+        "algo.hidden=[32,32]",
+        "algo.learning_starts=1000",
+        "env.num_envs=4",
+    ]
+    steps = 30000  # about 600 env steps/s here: the stop comes at a third to a half
+    first = parity.train_one("sac", "Pendulum-v1", 0, steps, "_t", overrides, stop_after_min=0.6)
+    assert first["status"] == "interrupted", first["status"]
+    assert 0 < first["env_steps"] < steps
+    log = (tmp_path / "runs" / "sac_Pendulum-v1_s0_t.log").read_text()
+    second = parity.train_one("sac", "Pendulum-v1", 0, steps, "_t", [], resume=True)
+    assert second["status"] == "completed" and second["env_steps"] >= steps
+    assert second["overrides"] == overrides  # the stopped run's
+    assert [s["status"] for s in second["segments"]] == ["interrupted", "completed"]
+    assert second["wall_s"] == pytest.approx(sum(s["wall_s"] for s in second["segments"]), abs=0.2)
+    ends = [e[0] for e in second["episodes"]]
+    assert ends == sorted(ends) and ends[-1] >= steps - 200
+    # 200-step episodes, before and after the stop (the 4 envs' episodes in flight at the stop
+    # and at the end are not finished)
+    assert len(second["episodes"]) >= steps // 200 - 8
+    assert (tmp_path / "runs" / "sac_Pendulum-v1_s0_t.log").read_text().startswith(log)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import pickle
 
 import gymnasium as gym
 import numpy as np
@@ -52,6 +53,33 @@ def test_replay_sample_draws_only_valid_rows_into_preallocated_tensors():
     spare = r.new_output()
     out2 = r.sample(out=spare)
     assert out2 is spare and out2["obs"].data_ptr() != out["obs"].data_ptr()
+
+
+@pytest.mark.parametrize("added", [7, 13])  # the ring part full, and wrapped
+def test_a_replay_ring_restored_from_its_state_holds_and_samples_what_the_saved_one_would(added):
+    cpu = torch.device("cpu")
+    r = DeviceReplay(capacity=10, obs_dim=3, action_dim=1, batch_size=4, device=cpu, seed=5)
+    r.add(batch(5))
+    r.add(batch(added - 5, start=5))
+    r.sample()  # the sampler's random state has moved on from its seed
+    state = pickle.loads(pickle.dumps(r.get_state()))  # as a checkpoint stores it
+    r.add(batch(2, start=100))  # written after the state was taken: not in the state
+    back = DeviceReplay.from_state(state, batch_size=4, device=cpu)
+    assert (back.size, back.pos, back.total_added) == (min(added, 10), added % 10, added)
+    r = DeviceReplay.from_state(state, batch_size=4, device=cpu)  # the saved ring, again
+    for key in r.storage:
+        assert torch.equal(back.storage[key], r.storage[key])
+    for _ in range(3):
+        a, b = r.sample(out=r.new_output()), back.sample(out=back.new_output())
+        for key in a:
+            assert torch.equal(a[key], b[key])
+    # a fresh ring with the same seed draws other rows than the restored one
+    fresh = DeviceReplay(capacity=10, obs_dim=3, action_dim=1, batch_size=4, device=cpu, seed=5)
+    fresh.add(batch(5))
+    fresh.add(batch(added - 5, start=5))
+    draws = [fresh.sample()["rewards"].tolist() for _ in range(4)]
+    again = DeviceReplay.from_state(state, batch_size=4, device=cpu)
+    assert [again.sample()["rewards"].tolist() for _ in range(4)] != draws
 
 
 def test_replay_refuses_a_batch_bigger_than_capacity_at_construction():
@@ -352,3 +380,84 @@ def test_learner_threads_sets_the_update_threads_up_to_the_usable_cores(threads)
         learner.shutdown()
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_with_the_replay_restores_the_ring_the_temperature_and_the_counters(
+    tmp_path, _in_process_ray
+):
+    """algo.store_buffer_in_checkpoints: a real SAC on Pendulum (the test process's Ray) trains
+    until its ring (1,500 transitions) has wrapped, is checkpointed and restored into a new
+    Algorithm. The restored Learner holds the saved ring, sampler state, temperature and
+    counters; its first iteration goes on updating (no random warm-up, no waiting for
+    learning_starts new transitions) and the ring keeps its size."""
+    import pickle as pkl
+
+    from raylab.algorithms.build import build_algorithm_config
+    from raylab.algorithms.sac.learner import REPLAY_STATE, TEMPERATURE_STATE
+    from raylab.config import compose
+    from raylab.train import algorithm_class
+
+    _in_process_ray.ensure()
+    cfg = compose(
+        "sac",
+        "Pendulum-v1",
+        "mujoco",
+        [
+            "algo.store_buffer_in_checkpoints=true",
+            "algo.buffer_capacity=1500",
+            "algo.learning_starts=200",
+            "algo.batch_size=64",
+            "algo.hidden=[32,32]",
+            "resources.num_env_runners=1",
+            "env.num_envs=4",
+            "training.iteration_s=0",
+            "training.eval_every=0",
+            "training.eval_before_train=false",
+        ],
+    )
+
+    def on_learner(algo, fn):
+        return [r.get() if hasattr(r, "get") else r for r in algo.learner_group.foreach_learner(fn)]
+
+    def learner_view(learner):
+        ring = learner._replay
+        return {
+            "status": learner.status(),
+            "log_alpha": float(learner.curr_log_alpha["default_policy"].detach()),
+            "ring": ring.get_state() if ring is not None else None,
+        }
+
+    algo = algorithm_class("sac")(config=build_algorithm_config(cfg))
+    try:
+        for _ in range(600):
+            algo.train()
+            (status,) = on_learner(algo, lambda learner: learner.status())
+            if status["ingested"] >= 2500 and status["updates"] >= 1000:
+                break
+        checkpoint = algo.save_to_path(str(tmp_path / "ckpt"))
+    finally:
+        algo.stop()
+    saved = pkl.loads((tmp_path / "ckpt/learner_group/learner/state.pkl").read_bytes())
+    ring = saved[REPLAY_STATE]["ring"]
+    assert ring["size"] == 1500 and ring["total_added"] >= 2500  # wrapped
+    assert float(saved[TEMPERATURE_STATE][0]) < -0.1  # the temperature moved from log(1) = 0
+
+    restored = algorithm_class("sac")(config=build_algorithm_config(cfg))
+    try:
+        restored.restore_from_path(checkpoint)
+        (view,) = on_learner(restored, learner_view)
+        assert view["status"]["ingested"] == saved[REPLAY_STATE]["ingested"]
+        assert view["status"]["updates"] == saved[REPLAY_STATE]["updates"]
+        assert view["log_alpha"] == pytest.approx(float(saved[TEMPERATURE_STATE][0]))
+        for key, rows in ring["storage"].items():
+            np.testing.assert_array_equal(view["ring"]["storage"][key], rows)
+        np.testing.assert_array_equal(view["ring"]["generator"], ring["generator"])
+        restored.train()
+        restored.train()
+        (after,) = on_learner(restored, lambda learner: learner.status())
+        assert after["ingested"] > view["status"]["ingested"]
+        assert after["updates"] > view["status"]["updates"]  # updating from the first steps on
+        assert after["size"] == 1500
+    finally:
+        restored.stop()

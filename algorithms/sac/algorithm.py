@@ -40,8 +40,11 @@ class RaylabSAC(RaylabAlgorithmMixin, SAC):
     def _fast_state(self) -> dict:
         st = getattr(self, "_raylab", None)
         if st is None:
+            # The Learner's counters: not zero after a restore with the replay in the
+            # checkpoint (no random warm-up again, updates owed as before).
+            (status,) = self._learner_call(lambda learner: learner.status())[:1]
             st = self._raylab = {
-                "status": {"ingested": 0, "updates": 0, "version": 0, "size": 0},
+                "status": status,
                 "weights": None,  # (version, ref) sent with the next requests
                 "last_metrics": 0.0,
             }

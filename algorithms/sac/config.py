@@ -26,6 +26,9 @@ class RaylabSACConfig(SACConfig):
         self.bf16_autocast = False  # GPU only
         self.critic_loss = "huber"  # or "mse" (raylab.algorithms.sac.update.CRITIC_LOSSES)
         self.learner_torch_threads = 1
+        # The replay ring (and the counters that go with it) in the Learner's checkpoint state,
+        # the old API stack's key: a restored run then goes on as the saved one would have.
+        self.store_buffer_in_checkpoints = False
         self.env_runner_cls = RaylabSACEnvRunner
         # One sample request in flight per EnvRunner; iterations end on time, not on a
         # minimum number of sampled steps.

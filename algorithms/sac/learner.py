@@ -12,7 +12,7 @@ import numpy as np
 import ray
 import torch
 from ray.rllib.algorithms.sac.sac_learner import SACLearner
-from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core import COMPONENT_OPTIMIZER, DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
 from raylab.algorithms import rllib_compat
@@ -27,6 +27,10 @@ from raylab.metrics.timeline import (
     Timeline,
     push_partial_state,
 )
+
+# Learner state keys of raylab's SAC (beside RLlib's module and optimizer state).
+TEMPERATURE_STATE = "log_alpha"
+REPLAY_STATE = "replay"  # only with algo.store_buffer_in_checkpoints
 
 
 def owed_updates(ingested: int, learning_starts: int, updates_per_step: float) -> int:
@@ -352,14 +356,47 @@ class RaylabSACLearner(SACLearner, TorchLearner):
         push_partial_state(self.metrics, LEARNER_TRACKER)
         return self.metrics.reduce()
 
-    def get_state(self, *args, **kwargs):
+    def get_state(self, components=None, *, not_components=None, **kwargs):
+        """RLlib's Learner state plus the temperature (a Learner variable, not a module
+        parameter: the optimizer state holds only its Adam moments) and, with
+        ``algo.store_buffer_in_checkpoints``, the replay ring with the counters that go with
+        it (env steps taken in, updates done)."""
         with self._model_lock:
-            return super().get_state(*args, **kwargs)
+            state = super().get_state(components, not_components=not_components, **kwargs)
+            if self._check_component(COMPONENT_OPTIMIZER, components, not_components):
+                state[TEMPERATURE_STATE] = self.curr_log_alpha[self._mid].detach().cpu().numpy()
+        if self.config.store_buffer_in_checkpoints and self._check_component(
+            REPLAY_STATE, components, not_components
+        ):
+            with self._replay_lock, self._cond:
+                if self._replay is not None:
+                    state[REPLAY_STATE] = {
+                        "ring": self._replay.get_state(),
+                        "ingested": self._ingested,
+                        "updates": self._updates,
+                    }
+        return state
 
     def set_state(self, state) -> None:
         with self._model_lock:
             super().set_state(state)
+            if TEMPERATURE_STATE in state:
+                with torch.no_grad():
+                    log_alpha = torch.as_tensor(np.asarray(state[TEMPERATURE_STATE]))
+                    self.curr_log_alpha[self._mid].copy_(log_alpha)
             self._publish()
+        saved = state.get(REPLAY_STATE)
+        if saved is not None:
+            # Without the ring the counters stay at 0: the restored Learner waits for
+            # learning_starts new transitions (random actions) before it updates again.
+            with self._replay_lock:
+                self._replay = DeviceReplay.from_state(
+                    saved["ring"], self.config.train_batch_size_per_learner, self.device
+                )
+                self._spare = self._replay.new_output()
+            with self._cond:
+                self._ingested, self._updates = int(saved["ingested"]), int(saved["updates"])
+                self._cond.notify_all()
 
     def shutdown(self) -> None:
         self._stop = True

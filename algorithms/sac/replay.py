@@ -4,11 +4,15 @@ Transitions arrive as batches of arrays (obs, actions, rewards, next_obs, termin
 written at the insert position with wrap-around; sampling draws uniform indices on the device
 and gathers into preallocated output tensors, so a sample allocates nothing and (on a GPU)
 never waits for the host.
+
+:meth:`DeviceReplay.get_state` / :meth:`DeviceReplay.from_state` carry a ring through a
+checkpoint (``algo.store_buffer_in_checkpoints``): the valid rows, the insert position and the
+sampler's random state, so a restored ring samples what the saved one would have.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 import torch
@@ -91,3 +95,36 @@ class DeviceReplay:
     def new_output(self) -> Dict[str, torch.Tensor]:
         """A second set of output tensors (for prefetching the next batch)."""
         return {k: torch.empty_like(v) for k, v in self.out.items()}
+
+    def get_state(self) -> Dict[str, Any]:
+        """The ring as host arrays (copies: the ring may be written on after this returns)."""
+        n = self.size
+        return {
+            "capacity": self.capacity,
+            "pos": self.pos,
+            "size": n,
+            "total_added": self.total_added,
+            "storage": {k: v[:n].detach().cpu().numpy().copy() for k, v in self.storage.items()},
+            "generator": self.generator.get_state().numpy().copy(),
+        }
+
+    @classmethod
+    def from_state(
+        cls, state: Dict[str, Any], batch_size: int, device: torch.device
+    ) -> "DeviceReplay":
+        """A ring holding what :meth:`get_state` saved (its capacity, rows and sampler state)."""
+        storage = state["storage"]
+        ring = cls(
+            capacity=int(state["capacity"]),
+            obs_dim=int(storage["obs"].shape[-1]),
+            action_dim=int(storage["actions"].shape[-1]),
+            batch_size=batch_size,
+            device=device,
+        )
+        n = int(state["size"])
+        for key in FIELDS:
+            ring.storage[key][:n].copy_(torch.from_numpy(np.asarray(storage[key])))
+        ring.pos, ring.size = int(state["pos"]), n
+        ring.total_added = int(state["total_added"])
+        ring.generator.set_state(torch.from_numpy(np.asarray(state["generator"])))
+        return ring

@@ -20,6 +20,9 @@ two curves are made from them, one per definition the reference uses:
 
 Saved to ``benchmarks/parity/results/NAME.json`` with the episodes, the command, the overrides,
 the wall time and the machine (cores, load before and after, what else was busy).
+``--stop-after-min M`` stops a run gracefully after M minutes (a final checkpoint) and
+``--resume`` continues it to its budget later (SAC with ``algo.store_buffer_in_checkpoints=true``
+goes on with its replay); the result's wall time is the sum of the segments, each listed.
 
 ``--report`` reads every saved result and prints the parity table (task, algorithm, steps,
 raylab mean +/- sd over seeds at each reference point by both definitions, the reference, wall
@@ -35,6 +38,7 @@ import argparse
 import hashlib
 import json
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -101,12 +105,32 @@ def curve(episodes: List[List[float]], how, points: int = 200) -> List[List[floa
     return [[s, v] for s in steps if (v := how(episodes, s)) is not None]
 
 
-def train_one(algo: str, task: str, seed: int, steps: int, tag: str, overrides: List[str]) -> dict:
+def train_one(
+    algo: str,
+    task: str,
+    seed: int,
+    steps: int,
+    tag: str,
+    overrides: List[str],
+    stop_after_min: Optional[float] = None,
+    resume: bool = False,
+) -> dict:
+    """Train one run (or, with ``resume``, continue a stopped one to its budget) and save its
+    result. ``stop_after_min``: stop the run gracefully (SIGTERM: a final checkpoint) after
+    that many minutes; ``--resume`` continues it later, and the result adds up the segments."""
     from raylab.bench.common import busy_processes, machine_info
 
     name = f"{algo}_{task}_s{seed}{tag}"
     run = RUNS / name
-    if run.exists():
+    earlier: List[dict] = []
+    if resume:
+        saved = RESULTS / f"{name}.json"
+        if not run.is_dir() or not saved.is_file():
+            raise SystemExit(f"--resume: no stopped run {run} with a result {saved}")
+        before_result = json.loads(saved.read_text())
+        earlier = before_result.get("segments", [])
+        overrides = before_result["overrides"]  # the stopped run's, whatever is passed now
+    elif run.exists():
         raise SystemExit(f"{run} exists; remove it or pass another --tag")
     RUNS.mkdir(parents=True, exist_ok=True)
     train = [
@@ -127,13 +151,24 @@ def train_one(algo: str, task: str, seed: int, steps: int, tag: str, overrides: 
         "resources.dashboard=false",
         *overrides,
     ]
-    print(f"== {' '.join(shlex.quote(x) for x in train)}", flush=True)
+    command = [RAYLAB, "train", "--resume", str(run)] if resume else train
+    print(f"== {' '.join(shlex.quote(x) for x in command)}", flush=True)
     before = {"machine": machine_info(), "busy": busy_processes()}
     t0 = time.time()
-    with open(RUNS / f"{name}.log", "w") as log:
-        rc = subprocess.run(train, stdout=log, stderr=subprocess.STDOUT).returncode
+    with open(RUNS / f"{name}.log", "a" if resume else "w") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            rc = proc.wait(timeout=None if stop_after_min is None else 60 * stop_after_min)
+        except subprocess.TimeoutExpired:
+            print(f"== {name}: stopping after {stop_after_min} min (SIGTERM)", flush=True)
+            proc.send_signal(signal.SIGTERM)  # a graceful stop: the final checkpoint
+            rc = proc.wait()
     wall = time.time() - t0
     summary = json.loads((run / "run_summary.json").read_text())
+    segments = earlier + [
+        {"command": command[1:], "wall_s": round(wall, 1), "status": summary.get("status")}
+    ]
+    wall = sum(seg["wall_s"] for seg in segments)
     episodes = episodes_of(run)
     result = {
         "name": name,
@@ -146,6 +181,7 @@ def train_one(algo: str, task: str, seed: int, steps: int, tag: str, overrides: 
         "seed": seed,
         "steps": steps,
         "wall_s": round(wall, 1),
+        "segments": segments,
         "time_total_s": summary.get("time_total_s"),
         "env_steps": summary.get("env_steps"),
         "status": summary.get("status"),
@@ -288,6 +324,18 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=1_000_000)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--tag", default="", help="appended to each run's name")
+    p.add_argument(
+        "--stop-after-min",
+        type=float,
+        default=None,
+        help="stop each run gracefully after this many minutes (its final checkpoint; "
+        "--resume continues it)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the stopped runs of these --algo/--tasks/--seeds/--tag to their budget",
+    )
     p.add_argument("--report", action="store_true", help="table and plots of the saved results")
     argv = list(sys.argv[1:] if argv is None else argv)
     overrides = argv[argv.index("--") + 1 :] if "--" in argv else []
@@ -298,7 +346,7 @@ def main(argv=None) -> int:
             p.error("--algo and --tasks are needed to train (or --report)")
         for task in a.tasks:
             for seed in a.seeds:
-                train_one(a.algo, task, seed, a.steps, a.tag, overrides)
+                train_one(a.algo, task, seed, a.steps, a.tag, overrides, a.stop_after_min, a.resume)
     print(report(), end="")
     return 0
 

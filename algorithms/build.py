@@ -407,6 +407,7 @@ def _sac(cfg: DictConfig):
     config.bf16_autocast = a.bf16_autocast
     config.critic_loss = a.critic_loss
     config.store_buffer_in_checkpoints = a.store_buffer_in_checkpoints
+    config.split_update = a.split_update
     config.learner_torch_threads = max(
         1, int(a.learner_threads or cfg.resources.num_cpus_per_learner)
     )

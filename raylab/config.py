@@ -289,6 +289,12 @@ class SACConfig(AlgoConfig):
         "CleanRL's)",
         ("huber", "mse"),
     )
+    split_update: Optional[bool] = option(
+        None,
+        "each update's actor half (forward and backward) on a second thread while the critics' "
+        "half runs, the same step on two cores (CPU learners, one Learner; null: on where the "
+        "Learner's process may use 2 or more cores)",
+    )
     store_buffer_in_checkpoints: bool = option(
         False,
         "keep the replay ring in every checkpoint (the Learner's counters with it), so a "
@@ -409,6 +415,7 @@ def compose(
     _check_fast_sampler(cfg)
     _check_evaluation(cfg)
     _check_privileged_obs(cfg)
+    _check_split_update(cfg)
     _check_unsupported(cfg, spec)
     OmegaConf.set_readonly(cfg, True)
     return cfg
@@ -546,6 +553,21 @@ def _check_fast_sampler(cfg: DictConfig) -> None:
                 f"training.fast_sampler=true needs continuous (Box) actions; '{cfg.task}' has "
                 "discrete ones, which RLlib's EnvRunner samples: use training.fast_sampler=null "
                 "or false"
+            )
+
+
+def _check_split_update(cfg: DictConfig) -> None:
+    if cfg.algo.name == "sac" and cfg.algo.get("split_update") is True:
+        if int(cfg.resources.num_learners) > 1:
+            raise UserError(
+                f"algo.split_update=true needs one Learner (resources.num_learners="
+                f"{cfg.resources.num_learners}: several all-reduce one fused step); use "
+                "algo.split_update=null or false"
+            )
+        if float(cfg.resources.num_gpus_per_learner) > 0:
+            raise UserError(
+                "algo.split_update=true is for CPU Learners (resources.num_gpus_per_learner="
+                f"{cfg.resources.num_gpus_per_learner}); use algo.split_update=null or false"
             )
 
 

@@ -27,8 +27,8 @@ CHOICES = {
     "algo.lr_schedule": {"constant": "linear", "linear": "constant"},
 }
 
-# Optional integers whose default (null) is derived: a value to set instead.
-NONE_DEFAULTS = {"algo.learner_threads": 2}
+# Optional keys whose default (null) is derived: a value to set instead.
+NONE_DEFAULTS = {"algo.learner_threads": 2, "algo.split_update": False}
 # Keys that only work beside another one (composing them alone is refused): compared with the
 # config that has the companion only.
 COMPANIONS = {"algo.final_max_log_std": ["algo.max_log_std=1.0"]}

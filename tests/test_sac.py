@@ -326,6 +326,82 @@ def test_the_update_step_is_its_losses_then_one_optimizer_step():
     assert all(not torch.equal(x, y) for x, y in zip(before, after))
 
 
+@pytest.mark.parametrize("grad_clip", [None, 0.5])
+def test_the_update_split_over_two_threads_computes_what_the_fused_one_does(grad_clip):
+    """sac_update with a helper thread (the actor's half there, the critics' here): after
+    three steps from the same weights, batches and seed, every weight, target weight, the
+    temperature and every statistic are bit-identical to the fused single-thread step's; and
+    the actor's half really ran on the helper thread."""
+    import copy
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from raylab.algorithms.sac import update as U
+
+    torch.manual_seed(0)
+    nets = (U.mlp(5, [32, 32], 4), U.mlp(7, [32, 32], 1), U.mlp(7, [32, 32], 1))
+
+    def make_parts():
+        pi, qf, qf2 = copy.deepcopy(nets)
+        log_alpha = torch.zeros(1, requires_grad=True)
+        return U.SACParts(
+            pi,
+            qf,
+            qf2,
+            copy.deepcopy(qf),
+            copy.deepcopy(qf2),
+            log_alpha,
+            [
+                torch.optim.Adam(list(qf.parameters()) + list(qf2.parameters()), lr=1e-2),
+                torch.optim.Adam(pi.parameters(), lr=1e-2),
+                torch.optim.Adam([log_alpha], lr=1e-2),
+            ],
+        )
+
+    g = torch.Generator().manual_seed(1)
+    batches = [
+        {
+            "obs": torch.randn(64, 5, generator=g),
+            "actions": torch.rand(64, 2, generator=g) * 2 - 1,
+            "rewards": torch.randn(64, generator=g),
+            "next_obs": torch.randn(64, 5, generator=g),
+            "terminateds": (torch.rand(64, generator=g) < 0.1).float(),
+        }
+        for _ in range(3)
+    ]
+    kw = dict(gamma=0.99, tau=0.05, target_entropy=-2.0, grad_clip=grad_clip, critic_loss="mse")
+    fused, split = make_parts(), make_parts()
+    seen = set()
+    real_actor_half = U.actor_half
+
+    def spy(*args, **kwargs):
+        seen.add(threading.current_thread().name)
+        return real_actor_half(*args, **kwargs)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="actor-half") as helper:
+        for b in batches:
+            torch.manual_seed(7)
+            want = U.sac_update(fused, b, **kw)
+            torch.manual_seed(7)
+            U.actor_half = spy
+            try:
+                got = U.sac_update(split, b, helper=helper, **kw)
+            finally:
+                U.actor_half = real_actor_half
+            assert list(got) == list(want)
+            for k in want:
+                assert torch.equal(got[k], want[k]), k
+    assert seen and all(name.startswith("actor-half") for name in seen)
+    for a, b in zip(
+        (fused.pi, fused.qf, fused.qf_twin, fused.target_qf, fused.target_qf_twin),
+        (split.pi, split.qf, split.qf_twin, split.target_qf, split.target_qf_twin),
+    ):
+        for x, y in zip(a.parameters(), b.parameters()):
+            assert torch.equal(x, y)
+    assert torch.equal(fused.log_alpha, split.log_alpha)
+    assert not torch.equal(fused.log_alpha, torch.zeros(1))  # it trained
+
+
 def test_critic_loss_is_huber_or_the_mean_squared_td_error():
     """algo.critic_loss: huber (delta 1) or mse, both on each twin's TD error against the same
     target; large TD errors tell them apart (Huber grows linearly beyond delta)."""
@@ -461,3 +537,29 @@ def test_a_checkpoint_with_the_replay_restores_the_ring_the_temperature_and_the_
         assert after["size"] == 1500
     finally:
         restored.stop()
+
+
+def test_the_update_is_split_where_a_lone_cpu_learner_has_two_cores_or_where_asked():
+    from raylab.algorithms.sac.learner import split_update_on
+
+    assert split_update_on(None, cuda=False, world=1, cores=2)
+    assert not split_update_on(None, cuda=False, world=1, cores=1)
+    assert not split_update_on(None, cuda=True, world=1, cores=8)
+    assert not split_update_on(None, cuda=False, world=2, cores=8)  # all-reduced: fused
+    assert split_update_on(True, cuda=False, world=1, cores=1)
+    assert not split_update_on(False, cuda=False, world=1, cores=2)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("resources.num_learners=2", "algo.split_update=true needs one Learner"),
+        ("resources.num_gpus_per_learner=1", "algo.split_update=true is for CPU Learners"),
+    ],
+)
+def test_split_update_is_refused_where_the_fused_step_must_run(override, message):
+    from raylab.config import compose
+    from raylab.errors import UserError
+
+    with pytest.raises(UserError, match=message):
+        compose("sac", "Pendulum-v1", "mujoco", ["algo.split_update=true", override])

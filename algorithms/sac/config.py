@@ -29,6 +29,9 @@ class RaylabSACConfig(SACConfig):
         # The replay ring (and the counters that go with it) in the Learner's checkpoint state,
         # the old API stack's key: a restored run then goes on as the saved one would have.
         self.store_buffer_in_checkpoints = False
+        # The actor's half of each update on a second thread (None: where the CPU Learner
+        # may use 2+ cores; raylab.algorithms.sac.learner.split_update_on).
+        self.split_update = None
         self.env_runner_cls = RaylabSACEnvRunner
         # One sample request in flight per EnvRunner; iterations end on time, not on a
         # minimum number of sampled steps.

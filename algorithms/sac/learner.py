@@ -6,6 +6,7 @@ import contextlib
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -31,6 +32,14 @@ from raylab.metrics.timeline import (
 # Learner state keys of raylab's SAC (beside RLlib's module and optimizer state).
 TEMPERATURE_STATE = "log_alpha"
 REPLAY_STATE = "replay"  # only with algo.store_buffer_in_checkpoints
+
+
+def split_update_on(wanted: Optional[bool], cuda: bool, world: int, cores: int) -> bool:
+    """Whether the Learner splits each update over two threads (``algo.split_update``): as
+    asked, else on a CPU Learner that is alone and may use 2 or more cores."""
+    if wanted is not None:
+        return bool(wanted)
+    return not cuda and world == 1 and cores >= 2
 
 
 def owed_updates(ingested: int, learning_starts: int, updates_per_step: float) -> int:
@@ -108,6 +117,11 @@ class RaylabSACLearner(SACLearner, TorchLearner):
             log_alpha=self.curr_log_alpha[self._mid],
             optimizers=[opt for _, opt in self.get_optimizers_for_module(self._mid)],
         )
+        self._helper: Optional[ThreadPoolExecutor] = None
+        if split_update_on(
+            cfg.split_update, self.device.type == "cuda", self._world, usable_cores()
+        ):
+            self._helper = ThreadPoolExecutor(1, thread_name_prefix="sac-actor-half")
         self._update_fn = self._fused_update
         if cfg.torch_compile and self.device.type == "cuda":
             self._update_fn = torch.compile(self._fused_update)
@@ -278,6 +292,7 @@ class RaylabSACLearner(SACLearner, TorchLearner):
                 bf16=cfg.bf16_autocast and self.device.type == "cuda",
                 all_reduce=self._all_reduce_grads if self._world > 1 else None,
                 critic_loss=cfg.critic_loss,
+                helper=self._helper,
             )
         with torch.no_grad():  # accumulated on the device; read once per metrics pull
             for name, v in stats.items():
@@ -404,6 +419,8 @@ class RaylabSACLearner(SACLearner, TorchLearner):
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
+        if self._helper is not None:
+            self._helper.shutdown(wait=False)
         super().shutdown()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -43,10 +44,27 @@ def q_pair(q1: nn.Module, q2: nn.Module, obs: torch.Tensor, actions: torch.Tenso
     return q1(x).squeeze(-1), q2(x).squeeze(-1)
 
 
-def squashed_gaussian_sample(dist_inputs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Reparameterised tanh-Gaussian sample in [-1, 1] and its log-probability."""
+def frozen_forward(net: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    """``net(x)`` with its weights detached: the gradient reaches ``x`` but none of the
+    weights. Unlike switching ``requires_grad`` off, this changes nothing another thread could
+    see while it trains the same weights."""
+    for layer in net:
+        if isinstance(layer, nn.Linear):
+            bias = layer.bias.detach() if layer.bias is not None else None
+            x = nn.functional.linear(x, layer.weight.detach(), bias)
+        else:
+            x = layer(x)
+    return x
+
+
+def squashed_gaussian_sample(
+    dist_inputs: torch.Tensor, noise: Optional[torch.Tensor] = None
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Reparameterised tanh-Gaussian sample in [-1, 1] and its log-probability (``noise``: the
+    standard normal draw, drawn here when not given)."""
     mean, log_std = dist_inputs.chunk(2, dim=-1)
-    noise = torch.randn_like(mean)
+    if noise is None:
+        noise = torch.randn_like(mean)
     pre_tanh = mean + log_std.exp() * noise
     action = torch.tanh(pre_tanh)
     log_prob = (-0.5 * noise.pow(2) - log_std - 0.5 * math.log(2.0 * math.pi)).sum(-1)
@@ -70,6 +88,7 @@ class SACParts:
     optimizers: List[torch.optim.Optimizer]
 
     def __post_init__(self):
+        self.action_dim = self.pi[-1].out_features // 2  # the policy outputs mean, log std
         self.critic_params = list(self.qf.parameters()) + list(self.qf_twin.parameters())
         self.target_pairs = [
             (list(self.qf.parameters()), list(self.target_qf.parameters())),
@@ -78,6 +97,72 @@ class SACParts:
 
 
 CRITIC_LOSSES = ("huber", "mse")
+
+
+def critic_half(
+    p: SACParts,
+    b: Dict[str, torch.Tensor],
+    alpha: torch.Tensor,
+    noise_next: torch.Tensor,
+    *,
+    gamma: float,
+    critic_loss: str,
+) -> torch.Tensor:
+    """The twin critics' loss against the soft target: it reaches only the critics."""
+    with torch.no_grad():
+        next_action, next_logp = squashed_gaussian_sample(
+            policy_inputs(p.pi, b["next_obs"]), noise_next
+        )
+        tq1, tq2 = q_pair(p.target_qf, p.target_qf_twin, b["next_obs"], next_action)
+        next_v = torch.min(tq1, tq2) - alpha * next_logp
+        target = b["rewards"] + gamma * (1.0 - b["terminateds"]) * next_v
+    q1, q2 = q_pair(p.qf, p.qf_twin, b["obs"], b["actions"])
+    # Huber (delta 1) learns like stock RLlib SAC with the same hyperparameters (Pendulum-v1,
+    # return -250 after 4,020 env steps against RLlib's 4,200:
+    # benchmarks/results/sac_pendulum_sample_efficiency.json).
+    if critic_loss == "mse":
+        td = nn.functional.mse_loss
+        return td(q1.float(), target.float()) + td(q2.float(), target.float())
+    huber = nn.functional.huber_loss
+    return huber(q1.float(), target.float(), delta=1.0) + huber(
+        q2.float(), target.float(), delta=1.0
+    )
+
+
+def actor_half(
+    p: SACParts,
+    b: Dict[str, torch.Tensor],
+    alpha: torch.Tensor,
+    noise: torch.Tensor,
+    *,
+    target_entropy: float,
+) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    """The actor's loss (through the critics with their weights detached: it reaches only the
+    policy) plus the temperature's (only log(alpha)), and their statistics."""
+    action, logp = squashed_gaussian_sample(policy_inputs(p.pi, b["obs"]), noise)
+    x = torch.cat([b["obs"].flatten(1), action], dim=-1)
+    pq1 = frozen_forward(p.qf, x).squeeze(-1)
+    pq2 = frozen_forward(p.qf_twin, x).squeeze(-1)
+    q_pi = torch.min(pq1, pq2).float()
+    logp = logp.float()
+    actor_loss = (alpha * logp - q_pi).mean()
+    alpha_loss = -(p.log_alpha * (logp.detach() + target_entropy)).mean()
+    stats = {
+        "actor": actor_loss.detach(),
+        "alpha": alpha_loss.detach(),
+        "q_mean": q_pi.detach().mean(),
+        "alpha_value": alpha[0],
+        "logp": logp.detach().mean(),
+    }
+    return actor_loss + alpha_loss, stats
+
+
+def _noises(p: SACParts, b: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The step's two standard normal draws, the next actions' first (one generator, one order,
+    whichever thread computes which half)."""
+    shape = (b["obs"].shape[0], p.action_dim)
+    kw = {"device": b["obs"].device, "dtype": b["obs"].dtype}
+    return torch.randn(shape, **kw), torch.randn(shape, **kw)
 
 
 def sac_losses(
@@ -94,42 +179,10 @@ def sac_losses(
     (the mean squared TD error of the SAC papers and CleanRL)."""
     p = parts
     alpha = p.log_alpha.exp().detach()
-    with torch.no_grad():
-        next_action, next_logp = squashed_gaussian_sample(policy_inputs(p.pi, b["next_obs"]))
-        tq1, tq2 = q_pair(p.target_qf, p.target_qf_twin, b["next_obs"], next_action)
-        next_v = torch.min(tq1, tq2) - alpha * next_logp
-        target = b["rewards"] + gamma * (1.0 - b["terminateds"]) * next_v
-    q1, q2 = q_pair(p.qf, p.qf_twin, b["obs"], b["actions"])
-    # Huber (delta 1) learns like stock RLlib SAC with the same hyperparameters (Pendulum-v1,
-    # return -250 after 4,020 env steps against RLlib's 4,200:
-    # benchmarks/results/sac_pendulum_sample_efficiency.json).
-    if critic_loss == "mse":
-        td = nn.functional.mse_loss
-        critic = td(q1.float(), target.float()) + td(q2.float(), target.float())
-    else:
-        huber = nn.functional.huber_loss
-        critic = huber(q1.float(), target.float(), delta=1.0) + huber(
-            q2.float(), target.float(), delta=1.0
-        )
-    action, logp = squashed_gaussian_sample(policy_inputs(p.pi, b["obs"]))
-    for param in p.critic_params:  # the actor's gradient must not reach the critics
-        param.requires_grad_(False)
-    pq1, pq2 = q_pair(p.qf, p.qf_twin, b["obs"], action)
-    for param in p.critic_params:
-        param.requires_grad_(True)
-    q_pi = torch.min(pq1, pq2).float()
-    logp = logp.float()
-    actor_loss = (alpha * logp - q_pi).mean()
-    alpha_loss = -(p.log_alpha * (logp.detach() + target_entropy)).mean()
-    stats = {
-        "critic": critic.detach(),
-        "actor": actor_loss.detach(),
-        "alpha": alpha_loss.detach(),
-        "q_mean": q_pi.detach().mean(),
-        "alpha_value": alpha[0],
-        "logp": logp.detach().mean(),
-    }
-    return critic + actor_loss + alpha_loss, stats
+    noise_next, noise = _noises(p, b)
+    critic = critic_half(p, b, alpha, noise_next, gamma=gamma, critic_loss=critic_loss)
+    actor, stats = actor_half(p, b, alpha, noise, target_entropy=target_entropy)
+    return critic + actor, {"critic": critic.detach(), **stats}
 
 
 def sac_update(
@@ -143,23 +196,49 @@ def sac_update(
     bf16: bool = False,
     all_reduce: Optional[Callable[[], None]] = None,
     critic_loss: str = "huber",
+    helper: Optional[Executor] = None,
 ) -> Dict[str, torch.Tensor]:
     """One fused SAC step on batch ``b``: :func:`sac_losses`, one backward pass, the optional
     gradient all-reduce and clip, the optimizer steps, the polyak target update. Returns the
-    losses' detached statistics (still on the device)."""
+    losses' detached statistics (still on the device).
+
+    ``helper`` (a one-thread executor; CPU, without ``all_reduce`` or ``bf16``): the actor's
+    half (:func:`actor_half`, its forward and backward) runs there while the calling thread
+    runs the critics' (:func:`critic_half`). The two graphs share no trained weight, torch
+    releases the GIL inside its kernels, and both noises are drawn first in the fused step's
+    order, so the step computes what the fused one does, on two cores."""
     p = parts
-    autocast = (
-        torch.autocast("cuda", dtype=torch.bfloat16)
-        if bf16 and b["obs"].is_cuda
-        else contextlib.nullcontext()
-    )
-    with autocast:
-        total, stats = sac_losses(
-            p, b, gamma=gamma, target_entropy=target_entropy, critic_loss=critic_loss
+    if helper is not None and all_reduce is None and not bf16:
+        alpha = p.log_alpha.exp().detach()
+        noise_next, noise = _noises(p, b)
+        for opt in p.optimizers:
+            opt.zero_grad(set_to_none=True)
+
+        def actor_backward() -> Dict[str, torch.Tensor]:
+            loss, half_stats = actor_half(p, b, alpha, noise, target_entropy=target_entropy)
+            loss.backward()
+            return half_stats
+
+        future = helper.submit(actor_backward)
+        try:
+            critic = critic_half(p, b, alpha, noise_next, gamma=gamma, critic_loss=critic_loss)
+            critic.backward()
+        finally:
+            actor_stats = future.result()  # no thread touches a gradient after this
+        stats = {"critic": critic.detach(), **actor_stats}
+    else:
+        autocast = (
+            torch.autocast("cuda", dtype=torch.bfloat16)
+            if bf16 and b["obs"].is_cuda
+            else contextlib.nullcontext()
         )
-    for opt in p.optimizers:
-        opt.zero_grad(set_to_none=True)
-    total.backward()
+        with autocast:
+            total, stats = sac_losses(
+                p, b, gamma=gamma, target_entropy=target_entropy, critic_loss=critic_loss
+            )
+        for opt in p.optimizers:
+            opt.zero_grad(set_to_none=True)
+        total.backward()
     if all_reduce is not None:
         all_reduce()
     if grad_clip:

@@ -97,12 +97,16 @@ def torch_sac_update_rate(
     gamma: float = 0.99,
     tau: float = 0.005,
     grad_clip: Optional[float] = None,
+    split: bool = False,
 ) -> Dict[str, float]:
     """Updates/s of the SAC update raylab ships (``raylab.algorithms.sac.update.sac_update``)
     called in a plain loop, with nothing of RLlib or Ray around it: the networks and the Adam
     optimizers the learner builds, batches gathered by random index from a preallocated pool as
-    the device replay does, on ``threads`` torch threads. The learner's rate over this one is
+    the device replay does, on ``threads`` torch threads (``split``: the actor's half of each
+    update on a second thread, as ``algo.split_update``). The learner's rate over this one is
     what raylab's plumbing costs."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import torch
 
     from raylab.algorithms.sac import update as K
@@ -149,11 +153,15 @@ def torch_sac_update_rate(
                 tau=tau,
                 target_entropy=target_entropy,
                 grad_clip=grad_clip,
+                helper=helper,
             )
 
+        helper = ThreadPoolExecutor(1, thread_name_prefix="sac-actor-half") if split else None
         for _ in range(10):
             update()
         w = C.run_window(update, seconds, 1)
+        if helper is not None:
+            helper.shutdown()
         return {
             "updates_per_s": w["rate"],
             "updates_per_cpu_s": w["cpu_rate"],
@@ -521,6 +529,9 @@ def run_train_bench(
         space = _spaces(cfg)
         for r, name in C.round_order(contenders, rounds):
             if name == "torch_limit":
+                from raylab.algorithms.sac.learner import split_update_on
+                from raylab.envs.core.backend import usable_cores
+
                 out = {
                     "contender": name,
                     **torch_sac_update_rate(
@@ -534,6 +545,12 @@ def run_train_bench(
                         gamma=cfg.algo.gamma,
                         tau=cfg.algo.tau,
                         grad_clip=cfg.algo.grad_clip,
+                        split=split_update_on(
+                            cfg.algo.split_update,
+                            cuda=False,
+                            world=max(1, int(cfg.resources.num_learners)),
+                            cores=usable_cores(),
+                        ),
                     ),
                 }
                 out["env_steps_per_s"] = None

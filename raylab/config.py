@@ -564,7 +564,7 @@ def _check_split_update(cfg: DictConfig) -> None:
                 f"{cfg.resources.num_learners}: several all-reduce one fused step); use "
                 "algo.split_update=null or false"
             )
-        if float(cfg.resources.num_gpus_per_learner) > 0:
+        if float(cfg.resources.num_gpus_per_learner or 0) > 0:
             raise UserError(
                 "algo.split_update=true is for CPU Learners (resources.num_gpus_per_learner="
                 f"{cfg.resources.num_gpus_per_learner}); use algo.split_update=null or false"

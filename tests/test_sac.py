@@ -465,9 +465,11 @@ def test_a_checkpoint_with_the_replay_restores_the_ring_the_temperature_and_the_
     """algo.store_buffer_in_checkpoints: a real SAC on Pendulum (the test process's Ray) trains
     until its ring (1,500 transitions) has wrapped, is checkpointed and restored into a new
     Algorithm. The restored Learner holds the saved ring, sampler state, temperature and
-    counters; its first iteration goes on updating (no random warm-up, no waiting for
-    learning_starts new transitions) and the ring keeps its size."""
+    counters; its first iterations go on sampling and updating (no random warm-up, no waiting
+    for learning_starts new transitions) and the ring keeps its size. Restored from a
+    checkpoint taken while updates were owed, it works them off and sampling resumes."""
     import pickle as pkl
+    import shutil
 
     from raylab.algorithms.build import build_algorithm_config
     from raylab.algorithms.sac.learner import REPLAY_STATE, TEMPERATURE_STATE
@@ -499,6 +501,7 @@ def test_a_checkpoint_with_the_replay_restores_the_ring_the_temperature_and_the_
     def learner_view(learner):
         ring = learner._replay
         return {
+            "updating": learner._thread is not None and learner._thread.is_alive(),
             "status": learner.status(),
             "log_alpha": float(learner.curr_log_alpha["default_policy"].detach()),
             "ring": ring.get_state() if ring is not None else None,
@@ -514,17 +517,31 @@ def test_a_checkpoint_with_the_replay_restores_the_ring_the_temperature_and_the_
         checkpoint = algo.save_to_path(str(tmp_path / "ckpt"))
     finally:
         algo.stop()
-    saved = pkl.loads((tmp_path / "ckpt/learner_group/learner/state.pkl").read_bytes())
+    state_file = tmp_path / "ckpt/learner_group/learner/state.pkl"
+    saved = pkl.loads(state_file.read_bytes())
     ring = saved[REPLAY_STATE]["ring"]
     assert ring["size"] == 1500 and ring["total_added"] >= 2500  # wrapped
     assert float(saved[TEMPERATURE_STATE][0]) < -0.1  # the temperature moved from log(1) = 0
+    ingested = saved[REPLAY_STATE]["ingested"]
+    # Two versions of the checkpoint: one with no update owed (restored, the Learner holds the
+    # saved state exactly until new transitions arrive), one taken while the Learner was 300
+    # updates behind (a stop comes at any moment), far over the 16 the algorithm lets pile up
+    # before it requests samples again: the restored Learner must work them off on its own,
+    # or nothing moves.
+    caught_up = owed_updates(ingested, learning_starts=200, updates_per_step=1.0)
+    backlog = shutil.copytree(tmp_path / "ckpt", tmp_path / "ckpt_backlog")
+    saved[REPLAY_STATE]["updates"] = caught_up
+    state_file.write_bytes(pkl.dumps(saved))
+    behind = pkl.loads(pkl.dumps(saved))
+    behind[REPLAY_STATE]["updates"] = caught_up - 300
+    (backlog / "learner_group/learner/state.pkl").write_bytes(pkl.dumps(behind))
 
     restored = algorithm_class("sac")(config=build_algorithm_config(cfg))
     try:
         restored.restore_from_path(checkpoint)
         (view,) = on_learner(restored, learner_view)
-        assert view["status"]["ingested"] == saved[REPLAY_STATE]["ingested"]
-        assert view["status"]["updates"] == saved[REPLAY_STATE]["updates"]
+        assert view["status"]["ingested"] == ingested
+        assert view["status"]["updates"] == caught_up
         assert view["log_alpha"] == pytest.approx(float(saved[TEMPERATURE_STATE][0]))
         for key, rows in ring["storage"].items():
             np.testing.assert_array_equal(view["ring"]["storage"][key], rows)
@@ -532,9 +549,22 @@ def test_a_checkpoint_with_the_replay_restores_the_ring_the_temperature_and_the_
         restored.train()
         restored.train()
         (after,) = on_learner(restored, lambda learner: learner.status())
-        assert after["ingested"] > view["status"]["ingested"]
-        assert after["updates"] > view["status"]["updates"]  # updating from the first steps on
+        assert after["ingested"] > ingested  # no random warm-up to wait for
+        assert after["updates"] > caught_up
         assert after["size"] == 1500
+    finally:
+        restored.stop()
+
+    restored = algorithm_class("sac")(config=build_algorithm_config(cfg))
+    try:
+        restored.restore_from_path(str(backlog))
+        for _ in range(50):  # until new transitions arrive (at once, unless it is stuck)
+            restored.train()
+            (after,) = on_learner(restored, lambda learner: learner.status())
+            if after["ingested"] > ingested:
+                break
+        assert after["ingested"] > ingested
+        assert after["updates"] >= caught_up
     finally:
         restored.stop()
 
@@ -563,3 +593,5 @@ def test_split_update_is_refused_where_the_fused_step_must_run(override, message
 
     with pytest.raises(UserError, match=message):
         compose("sac", "Pendulum-v1", "mujoco", ["algo.split_update=true", override])
+    # the defaults (one Learner, the GPU count left to the machine) take it
+    assert compose("sac", "Pendulum-v1", "mujoco", ["algo.split_update=true"]).algo.split_update

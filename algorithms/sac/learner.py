@@ -172,12 +172,17 @@ class RaylabSACLearner(SACLearner, TorchLearner):
             self._ingested += n
             self._staleness.append(float(self._version - max(runner_version, 0)))
             self._cond.notify_all()
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._loop, name="raylab-sac-update", daemon=True
-            )
-            self._thread.start()
+        self._start_updates()
         return self.status()
+
+    def _start_updates(self) -> None:
+        """Start the update thread (once there is a ring to sample from)."""
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="raylab-sac-update", daemon=True
+                )
+                self._thread.start()
 
     def _make_replay(self, batch: Dict[str, np.ndarray]) -> None:
         cfg = self.config
@@ -412,6 +417,10 @@ class RaylabSACLearner(SACLearner, TorchLearner):
             with self._cond:
                 self._ingested, self._updates = int(saved["ingested"]), int(saved["updates"])
                 self._cond.notify_all()
+            # The updates still owed when the checkpoint was taken start now: the algorithm
+            # requests no new samples while that backlog is over its limit, so waiting for the
+            # next ingest to start the thread would wait forever.
+            self._start_updates()
 
     def shutdown(self) -> None:
         self._stop = True

@@ -207,8 +207,10 @@ GYMNASIUM_ALGO_DEFAULTS = {
     # rate 1e-3, 5,000 random env steps first, no gradient clipping, the mean squared TD error,
     # one batch-256 update per env step) on 8 envs. HalfCheetah-v5, 100k env steps, seed 0: MSE
     # 5,543 / Huber 5,026 for the episodes ending near 96k (benchmarks/README.md, "Gymnasium
-    # parity"). The update stays on one torch thread: two ran it 1.6x faster alone but made the
-    # whole run 0.74x as fast on 2 cores (benchmarks/results/train_sac_halfcheetah_threads.json).
+    # parity"). The update stays on one torch thread per half: two ran it 1.6x faster alone but
+    # made the whole run 0.74x as fast on 2 cores (results/train_sac_halfcheetah_threads.json);
+    # the update split over two threads (algo.split_update, on by default on 2+ cores) made it
+    # 1.28x as fast (93 -> 119 updates/s; results/train_sac_halfcheetah_split.json).
     "sac": {
         "critic_lr": 1e-3,
         "alpha_lr": 1e-3,

@@ -282,19 +282,14 @@ def test_sac_solves_pendulum_within_20k_env_steps(tmp_path, idle_head):
     print("SAC Pendulum curve (env steps, mean reward):", curve[:: max(1, len(curve) // 12)])
 
 
-def test_the_update_step_is_its_losses_then_one_optimizer_step():
-    """sac_update = sac_losses (the same statistics under the same noise) + one step that
-    moves every trained parameter."""
-    import copy
-
-    import torch
-
+def sac_parts(pi, qf, qf2, lr: float = 1e-3):
+    """SACParts of these networks: target copies of the critics, log(alpha) = 0 and the
+    Learner's three optimizers (critics, policy, temperature)."""
     from raylab.algorithms.sac import update as U
 
-    torch.manual_seed(0)
-    pi, qf, qf2 = U.mlp(3, [16], 2), U.mlp(4, [16], 1), U.mlp(4, [16], 1)
     log_alpha = torch.zeros(1, requires_grad=True)
-    parts = U.SACParts(
+    critics = list(qf.parameters()) + list(qf2.parameters())
+    return U.SACParts(
         pi,
         qf,
         qf2,
@@ -302,11 +297,25 @@ def test_the_update_step_is_its_losses_then_one_optimizer_step():
         copy.deepcopy(qf2),
         log_alpha,
         [
-            torch.optim.Adam(list(qf.parameters()) + list(qf2.parameters())),
-            torch.optim.Adam(pi.parameters()),
-            torch.optim.Adam([log_alpha]),
+            torch.optim.Adam(critics, lr=lr),
+            torch.optim.Adam(pi.parameters(), lr=lr),
+            torch.optim.Adam([log_alpha], lr=lr),
         ],
     )
+
+
+def test_the_update_step_is_its_losses_then_one_optimizer_step():
+    """sac_update = sac_losses (the same statistics under the same noise) + one step that
+    moves every trained parameter."""
+
+    import torch
+
+    from raylab.algorithms.sac import update as U
+
+    torch.manual_seed(0)
+    pi, qf, qf2 = U.mlp(3, [16], 2), U.mlp(4, [16], 1), U.mlp(4, [16], 1)
+    parts = sac_parts(pi, qf, qf2)
+    log_alpha = parts.log_alpha
     g = torch.Generator().manual_seed(1)
     b = {
         "obs": torch.randn(8, 3, generator=g),
@@ -342,21 +351,7 @@ def test_the_update_split_over_two_threads_computes_what_the_fused_one_does(grad
     nets = (U.mlp(5, [32, 32], 4), U.mlp(7, [32, 32], 1), U.mlp(7, [32, 32], 1))
 
     def make_parts():
-        pi, qf, qf2 = copy.deepcopy(nets)
-        log_alpha = torch.zeros(1, requires_grad=True)
-        return U.SACParts(
-            pi,
-            qf,
-            qf2,
-            copy.deepcopy(qf),
-            copy.deepcopy(qf2),
-            log_alpha,
-            [
-                torch.optim.Adam(list(qf.parameters()) + list(qf2.parameters()), lr=1e-2),
-                torch.optim.Adam(pi.parameters(), lr=1e-2),
-                torch.optim.Adam([log_alpha], lr=1e-2),
-            ],
-        )
+        return sac_parts(*copy.deepcopy(nets), lr=1e-2)
 
     g = torch.Generator().manual_seed(1)
     batches = [

@@ -102,8 +102,12 @@ def canonical_metrics(result: dict, previous: Optional[dict] = None) -> Dict[str
     else:  # this driver's first result (a new run, or the first after --resume): one iteration
         runners = result.get(STEPS_KEY[0])
         this_iter = runners.get("num_env_steps_sampled") if isinstance(runners, dict) else None
-        d_steps = float(this_iter) if _finite(this_iter) else steps
-        d_t = float(result.get("time_this_iter_s", 0.0))
+        # Without the iteration's own count the lifetime count is this iteration's only in a
+        # new run; after a restore it holds the restored steps, so no rate is reported then.
+        iteration = result.get("training_iteration", 1)
+        restored = iteration != result.get("iterations_since_restore", iteration)
+        d_steps = float(this_iter) if _finite(this_iter) else (None if restored else steps)
+        d_t = float(result.get("time_this_iter_s", 0.0)) if d_steps is not None else 0.0
     if d_t > 0:
         put(S.PERF_TOTAL_FPS, d_steps / d_t)
 

@@ -250,3 +250,31 @@ def test_budget_stopper_stops_on_the_best_evaluation_reaching_its_target():
     assert stop("t", {**base, BEST_EVAL_KEY: {"score": 350.0, "iteration": 100}})
     unset = BudgetStopper.of(compose("appo", "microduck_balance").training)
     assert not unset("t", {**base, BEST_EVAL_KEY: {"score": 1e9, "iteration": 100}})
+
+
+def test_steps_per_second_of_a_drivers_first_result_counts_only_this_iterations_steps():
+    """Steps/s of the first result a driver sees: the iteration's own count when RLlib gives it;
+    otherwise the lifetime count in a new run, and no rate after a restore (the lifetime count
+    then holds the restored steps: SAC printed 295,068 steps/s after a resume)."""
+    from raylab.reporting import canonical_metrics
+
+    def result(iteration, since_restore, lifetime, this_iter=None):
+        runners = {"num_env_steps_sampled_lifetime": lifetime}
+        if this_iter is not None:
+            runners["num_env_steps_sampled"] = this_iter
+        return {
+            "env_runners": runners,
+            "training_iteration": iteration,
+            "iterations_since_restore": since_restore,
+            "time_total_s": 2.0,
+            "time_this_iter_s": 2.0,
+        }
+
+    fps = lambda r, prev=None: canonical_metrics(r, prev).get(S.PERF_TOTAL_FPS)  # noqa: E731
+    assert fps(result(1, 1, 1_000)) == 500.0
+    assert fps(result(1, 1, 1_000, this_iter=800)) == 400.0
+    assert fps(result(148, 1, 300_000)) is None
+    assert fps(result(148, 1, 300_000, this_iter=1_000)) == 500.0
+    later = result(149, 2, 301_000)
+    later["time_total_s"] = 4.0
+    assert fps(later, result(148, 1, 300_000)) == 500.0

@@ -178,6 +178,10 @@ def test_tasks_compose_for_every_algorithm():
         ({"command_zero_prob": 1.5}, r"command_zero_prob=1.5 is invalid; valid range: 0..1"),
         ({"swing_height": 0.0}, r"swing_height=0.0 is invalid; it must be finite and > 0"),
         ({"gait_freq_hz": 0.0}, r"rew_feet_swing_height needs the gait clock"),
+        (
+            {"gait_freq_hz": 0.0, "rew_feet_swing_height": 0.0, "rew_feet_contact_clock": 1.0},
+            r"rew_feet_contact_clock needs the gait clock",
+        ),
         ({"rew_pose": float("nan")}, r"rew_pose=nan is invalid; a reward weight must be finite"),
         ({"episode_steps": 0}, r"episode_steps=0 is invalid"),
         ({"num_threads": 0}, r"num_threads=0 is invalid"),
@@ -341,7 +345,9 @@ PENALTIES = (
 
 
 def test_every_reward_term_is_a_kernel_a_penalty_or_air_time():
-    assert set(KERNELS) | set(PENALTIES) | {"feet_air_time"} == set(REWARD_TERMS)
+    assert set(KERNELS) | set(PENALTIES) | {"feet_air_time", "feet_contact_clock"} == set(
+        REWARD_TERMS
+    )
 
 
 @pytest.mark.parametrize("name", KERNELS)
@@ -386,6 +392,18 @@ def test_swing_height_wants_feet_down_when_the_command_is_zero():
     assert REWARD_TERMS["feet_swing_height"](s)[0] == pytest.approx(1.0)
     s.foot_height[1, 0] = 0.08
     assert REWARD_TERMS["feet_swing_height"](s)[1] == pytest.approx(np.exp(-1.0))
+
+
+def test_contact_clock_pays_stepping_to_the_clock_and_nothing_for_standing_through_a_command():
+    s = _state()  # env 0: swing feet (phase < 0.5) up, stance feet down; env 1: all feet down
+    raw = REWARD_TERMS["feet_contact_clock"](s)
+    assert raw[0] == pytest.approx(1.0) and raw[1] == pytest.approx(0.0)
+    s.contact = ~s.contact  # every foot against its phase
+    assert REWARD_TERMS["feet_contact_clock"](s)[0] == pytest.approx(-1.0)
+    s = _state(moving=np.array([False, False]))  # a zero command: all feet down is ideal
+    assert REWARD_TERMS["feet_contact_clock"](s).tolist() == pytest.approx([0.0, 1.0])
+    assert Go2JoystickFlatConfig.rew_feet_contact_clock == 0  # an option, off by default
+    assert MicroduckJoystickConfig.rew_feet_contact_clock == 0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -152,6 +152,15 @@ def feet_swing_height(env):
     return np.exp(-_sum_sq(e))
 
 
+def feet_contact_clock(env):
+    """Feet touch the ground when the gait clock says stance: per foot +1 if its contact
+    matches (stance: phase >= 0.5, or any phase with a zero command) and -1 if not, averaged
+    over the feet. A robot that stands through a moving command scores 0 with a two-phase
+    clock (its stance feet match, its swing feet do not); one that steps to the clock, 1."""
+    stance = (env.foot_phase >= 0.5) | ~env.moving[:, None]
+    return np.mean(np.where(env.contact == stance, 1.0, -1.0), axis=1)
+
+
 def foot_clearance(env):
     """Feet moving sideways away from the swing height: sum (height - swing_height)^2 x
     sqrt(|v_xy|) over feet (penalty)."""
@@ -185,6 +194,7 @@ REWARD_TERMS: Dict[str, Callable] = {
     "pose": pose,
     "feet_air_time": feet_air_time,
     "feet_swing_height": feet_swing_height,
+    "feet_contact_clock": feet_contact_clock,
     "foot_clearance": foot_clearance,
     "foot_slip": foot_slip,
     "termination": termination,
@@ -527,6 +537,9 @@ class JoystickConfig(PushCurriculum, BatchedEnvConfig):
     rew_feet_swing_height: float = option(
         1.0, "reward weight: feet follow the gait clock's heights"
     )
+    rew_feet_contact_clock: float = option(
+        0.0, "reward weight: feet in contact in the clock's stance, off the ground in its swing"
+    )
     rew_foot_clearance: float = option(0.0, "reward weight: feet moving below the swing height")
     rew_foot_slip: float = option(-0.1, "reward weight: squared speed of the feet in contact")
     rew_termination: float = option(0.0, "reward weight: 1 on the step the robot falls")
@@ -569,8 +582,9 @@ def check_joystick_options(o) -> None:
     for name in reward_weight_fields(type(o)):
         if not math.isfinite(float(getattr(o, name))):
             bad(f"{name}={getattr(o, name)} is invalid; a reward weight must be finite")
-    if o.gait_freq_hz == 0 and o.rew_feet_swing_height != 0:
-        bad("rew_feet_swing_height needs the gait clock; set gait_freq_hz > 0 or the weight to 0")
+    for name in ("rew_feet_swing_height", "rew_feet_contact_clock"):
+        if o.gait_freq_hz == 0 and getattr(o, name) != 0:
+            bad(f"{name} needs the gait clock; set gait_freq_hz > 0 or the weight to 0")
     o.check_push_curriculum()
 
 

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from ray.rllib.core.columns import Columns
 
+from raylab.envs.core.backend import name_os_thread
 from raylab.metrics import schema as S
 from raylab.metrics import trace
 from raylab.metrics.timeline import label
@@ -115,7 +116,12 @@ class RolloutLoop:
         self.ep_len = np.zeros(self.num_envs, dtype=np.int64)
         self._pool = None
         if len(self.envs) > 1:
-            self._pool = ThreadPoolExecutor(len(self.envs), thread_name_prefix="rollout-part")
+            names = iter(range(len(self.envs)))  # OS names too: top -H, cpu_account.py
+            self._pool = ThreadPoolExecutor(
+                len(self.envs),
+                thread_name_prefix="rollout-part",
+                initializer=lambda: name_os_thread(f"rollout-part-{next(names)}"),
+            )
 
     def reset(self, seed: Optional[int] = None) -> None:
         parts = [

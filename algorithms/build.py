@@ -194,7 +194,6 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
     config.raylab_eval_every = int(cfg.training.eval_every)
     config.raylab_episode_log = bool(cfg.training.episode_log)
     config.raylab_eval_seed = int(cfg.training.eval_seed)
-    config.raylab_pipeline_rollout = bool(cfg.training.pipeline_rollout)
     return config
 
 

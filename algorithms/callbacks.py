@@ -62,29 +62,25 @@ def record_env_log(env_runner, metrics_logger) -> None:
     """Task reward terms and termination counts since the last call, then ship the tracker."""
     tracker = stats_tracker.get(COLLECTOR_TRACKER)
     env = getattr(env_runner, "env", None)
-    # The EnvRunner's own env, and the two halves a pipelined rollout loop steps (equal in
-    # size and steps, so the mean of their means is the mean over all envs).
-    envs = [getattr(env, "unwrapped", None)] + list(getattr(env_runner, "rollout_parts", []))
-    for part in envs:
-        pop_log = getattr(part, "pop_log", None)
-        pop_step_times = getattr(part, "pop_step_times", None)
-        if callable(pop_step_times):  # the batched env's Env Step, part by part, per step
-            means, steps = pop_step_times()
-            if steps:  # weighted by the steps, as Env Step itself is
-                tracker.scalar_series(
-                    **{STEP_PART_TAGS[k]: np.full(steps, v) for k, v in means.items()}
-                )
-        if callable(pop_log):
-            log = pop_log()
-            family = {k: S.spec_of(k).name for k in log}
-            terms = {k: v for k, v in log.items() if family[k] == S.REWARD_FAMILY}
-            counts = {k: v for k, v in log.items() if family[k] == S.EPISODE_TERMINATION_FAMILY}
-            if terms:
-                tracker.scalar(**terms)
-            if counts:
-                # Counts add up across EnvRunners and sample calls (a SUM, not a mean).
-                tracker.denominator(_one=np.ones(1, dtype=bool))
-                tracker.stat("_one", "sum", **{k: np.array([v], float) for k, v in counts.items()})
+    pop_log = getattr(getattr(env, "unwrapped", None), "pop_log", None)
+    pop_step_times = getattr(getattr(env, "unwrapped", None), "pop_step_times", None)
+    if callable(pop_step_times):  # the batched env's Env Step, part by part, per step
+        means, steps = pop_step_times()
+        if steps:  # weighted by the steps, as Env Step itself is
+            tracker.scalar_series(
+                **{STEP_PART_TAGS[k]: np.full(steps, v) for k, v in means.items()}
+            )
+    if callable(pop_log):
+        log = pop_log()
+        family = {k: S.spec_of(k).name for k in log}
+        terms = {k: v for k, v in log.items() if family[k] == S.REWARD_FAMILY}
+        counts = {k: v for k, v in log.items() if family[k] == S.EPISODE_TERMINATION_FAMILY}
+        if terms:
+            tracker.scalar(**terms)
+        if counts:
+            # Counts add up across EnvRunners and sample calls (a SUM, not a mean).
+            tracker.denominator(_one=np.ones(1, dtype=bool))
+            tracker.stat("_one", "sum", **{k: np.array([v], float) for k, v in counts.items()})
     push_partial_state(metrics_logger, COLLECTOR_TRACKER)
 
 
@@ -111,13 +107,12 @@ def runtime_info(algorithm) -> dict:
     def runner_info(runner):
         env = getattr(runner, "env", None)
         base = getattr(env, "unwrapped", env)
-        parts = list(getattr(runner, "rollout_parts", [])) or [base]
         return actor_placement(
             int(getattr(runner, "worker_index", 0)),
             "cpu",
             kind="env_runner",
             num_envs=int(getattr(runner, "num_envs", 1) or 1),
-            num_threads=sum(int(getattr(p, "num_threads", 1) or 1) for p in parts),
+            num_threads=int(getattr(base, "num_threads", 1) or 1),
         )
 
     def learner_info(learner):

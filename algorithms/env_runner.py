@@ -62,11 +62,6 @@ class RaylabEnvRunner(EnvErrorReporting, SingleAgentEnvRunner):
         return f"raylab-envrunner-{getattr(self, 'worker_index', 0)}"
 
     def stop(self):
-        loop = getattr(self, "_loop", None)
-        if loop is not None:
-            loop.close()
-        for part in self.rollout_parts:
-            part.close()
         super().stop()
         # A healthy shutdown (RLlib stops every EnvRunner before Ray ends its process) closes
         # this runner's trace file; a killed one is left an open array, which readers accept.
@@ -95,22 +90,6 @@ class RaylabEnvRunner(EnvErrorReporting, SingleAgentEnvRunner):
     def batched_env(self):
         """The vector env itself, under RLlib's ``DictInfoToList`` wrapper."""
         return getattr(self.env, "env", self.env)
-
-    rollout_parts: tuple = ()  # a pipelined rollout loop's two halves, once built
-
-    def rollout_envs(self):
-        """What raylab's rollout loop steps: the EnvRunner's vector env, or with
-        ``training.pipeline_rollout`` two vector envs of half its envs and half its physics
-        threads each (built once, beside it; its own env still serves RLlib's loop)."""
-        if not getattr(self.config, "raylab_pipeline_rollout", False):
-            return self.batched_env()
-        if not self.rollout_parts:
-            env = self.batched_env()
-            options = dict(self.config.env_config)
-            options["num_threads"] = max(1, int(env.num_threads) // 2)
-            half = int(env.num_envs) // 2
-            self.rollout_parts = tuple(type(env)(num_envs=half, **options) for _ in range(2))
-        return list(self.rollout_parts)
 
 
 def one_torch_thread() -> None:
@@ -141,9 +120,7 @@ class RaylabFastEnvRunner(RaylabEnvRunner):
         force_reset: bool = False,
     ) -> List[SingleAgentEpisode]:
         if num_timesteps is None or random_actions or not explore or self.module is None:
-            if self._loop is not None:  # RLlib's loop steps the env now; ours starts over
-                self._loop.close()
-                self._loop = None
+            self._loop = None  # RLlib's loop steps the env now; ours must reset next time
             return super()._sample(
                 num_timesteps=num_timesteps,
                 num_episodes=num_episodes,
@@ -160,9 +137,7 @@ class RaylabFastEnvRunner(RaylabEnvRunner):
         self.module.eval()
         policy = getattr(self.module, "explore", self.module.forward_exploration)
         if self._loop is None or force_reset:
-            if self._loop is not None:
-                self._loop.close()
-            self._loop = RolloutLoop(self.rollout_envs(), tracker)
+            self._loop = RolloutLoop(self.batched_env(), tracker)
             # The same seeding as RLlib's own first reset of this EnvRunner.
             self._loop.reset(seed=rllib_compat.take_initial_reset_seed(self))
             self._chunk_ids = [uuid.uuid4().hex for _ in range(self.num_envs)]

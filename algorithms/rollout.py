@@ -11,11 +11,6 @@ what the step needs:
    them: ``low + (a + 1) * (high - low) / 2``, clipped to the bounds;
 3. one ``env.step``; its outputs are written into preallocated (T, N, ...) arrays.
 
-Pipelined (``training.pipeline_rollout``), the N envs are two vector envs of N/2 with a thread
-each: part B's step runs while the policy acts on part A's observations and the other way
-round, so the serial part of a step (forward pass, sampling, the env's own Python) overlaps
-physics instead of leaving the other physics thread idle.
-
 Everything per episode (returns, lengths, boundaries, episode objects for PPO / APPO, flat
 transitions for SAC) is done once per fragment from those arrays. The env autoresets
 NEXT_STEP (Gymnasium's default, what RLlib expects): the step after an episode ends resets that
@@ -29,7 +24,6 @@ transitions for the learner's replay).
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
@@ -37,7 +31,6 @@ import numpy as np
 import torch
 from ray.rllib.core.columns import Columns
 
-from raylab.envs.core.backend import name_os_thread
 from raylab.metrics import schema as S
 from raylab.metrics import trace
 from raylab.metrics.timeline import label
@@ -83,16 +76,8 @@ def env_actions(actions: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.nd
 
 
 class RolloutLoop:
-    """Steps one batched env (or two halves of one, pipelined) with one RLModule and keeps the
-    per-env episode state between fragments.
-
-    ``env`` is a vector env, or a list of vector envs that together are the N envs (columns in
-    list order). With two or more, the loop pipelines them: each one's ``step`` runs on its own
-    thread while the calling thread runs the policy on the next one's observations, so the
-    serial part of a vector step (forward pass, sampling, the env's Python) overlaps the other
-    part's physics (``training.pipeline_rollout``). Env i of part k is seeded ``seed + first
-    column of part k + i``, so an env's trajectory under given actions does not depend on the
-    split.
+    """Steps one batched env with one RLModule and keeps the per-env episode state between
+    fragments.
 
     ``policy`` is the module's ``forward_exploration``; ``dist_cls`` its exploration action
     distribution class. ``tracker`` receives the canonical collector phases of every step, once
@@ -100,44 +85,22 @@ class RolloutLoop:
     """
 
     def __init__(self, env, tracker=None):
-        self.envs = list(env) if isinstance(env, (list, tuple)) else [env]
-        self.env = self.envs[0]
+        self.env = env
         self.tracker = tracker
-        sizes = [int(e.num_envs) for e in self.envs]
-        bounds = np.cumsum([0] + sizes)
-        self.columns = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
-        self.num_envs = int(bounds[-1])
-        space = self.env.single_action_space
+        self.num_envs = int(env.num_envs)
+        space = env.single_action_space
         self.low = space.low.astype(space.dtype)
         self.high = space.high.astype(space.dtype)
         self.obs: Optional[np.ndarray] = None  # the next observation the policy acts on
         self.prev_done = np.zeros(self.num_envs, dtype=bool)  # reset by the next step
         self.ep_return = np.zeros(self.num_envs, dtype=np.float64)
         self.ep_len = np.zeros(self.num_envs, dtype=np.int64)
-        self._pool = None
-        if len(self.envs) > 1:
-            names = iter(range(len(self.envs)))  # OS names too: top -H, cpu_account.py
-            self._pool = ThreadPoolExecutor(
-                len(self.envs),
-                thread_name_prefix="rollout-part",
-                initializer=lambda: name_os_thread(f"rollout-part-{next(names)}"),
-            )
 
     def reset(self, seed: Optional[int] = None) -> None:
-        parts = [
-            e.reset(seed=None if seed is None else seed + cols.start)[0]
-            for e, cols in zip(self.envs, self.columns)
-        ]
-        self.obs = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        self.obs, _ = self.env.reset(seed=seed)
         self.prev_done[:] = False
         self.ep_return[:] = 0.0
         self.ep_len[:] = 0
-
-    def close(self) -> None:
-        """Stop the part threads (the envs are their owner's to close)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
 
     @property
     def needs_reset(self) -> bool:
@@ -156,8 +119,8 @@ class RolloutLoop:
     ) -> Fragment:
         """Run ``steps`` vector steps, or as many as it takes to collect ``min_transitions``
         transitions (whole vector steps, as RLlib's loop counts them). The first
-        ``random_steps`` steps act with ``random_action(n)`` (n: the envs of one part) instead
-        of the policy (SAC's warm-up); with ``policy=None`` every step does."""
+        ``random_steps`` steps act with ``random_action(n)`` instead of the policy (SAC's
+        warm-up); with ``policy=None`` every step does."""
         if self.obs is None:
             raise RuntimeError("RolloutLoop.run before reset")
         if (steps is None) == (min_transitions is None):
@@ -169,54 +132,47 @@ class RolloutLoop:
         buf = _Buffers(cap, n, np.asarray(self.obs), self.low.shape, with_logp)
         t, collected = 0, 0
         tracer = trace.active()
-        pipelined = self._pool is not None
-        pending: List[Optional[Future]] = [None] * len(self.envs)
-        try:
-            while (t < steps) if steps is not None else (collected < min_transitions):
-                if t == buf.capacity:
-                    buf.grow()
-                for k, (env, cols) in enumerate(zip(self.envs, self.columns)):
-                    t0 = time.perf_counter()
-                    done, pending[k] = pending[k], None
-                    if done is not None:  # part k's step t - 1 (pipelined: maybe still running)
-                        self._take(buf, t, cols, done.result())
-                    buf.valid[t, cols] = ~self.prev_done[cols]
-                    t1 = time.perf_counter()
-                    if t < random_steps or policy is None:
-                        buf.actions[t, cols] = random_action(cols.stop - cols.start)
-                    else:
-                        self._act(buf, t, cols, policy, dist_cls, with_logp)
-                    t2 = time.perf_counter()
-                    actions = env_actions(buf.actions[t, cols], self.low, self.high)
-                    if pipelined:
-                        pending[k] = self._pool.submit(_step, env, actions, tracer)
-                    else:
-                        pending[k] = _Done(_step(env, actions, tracer))
-                    t3 = time.perf_counter()
-                    buf.infer_ms[t] += (t2 - t1) * 1000.0
-                    # Env Step: the step itself; pipelined, the wait for the step (its rest
-                    # overlapped the policy on the other part).
-                    if pipelined:
-                        if t > 0:
-                            buf.step_ms[t - 1] += (t1 - t0) * 1000.0
-                    else:
-                        buf.step_ms[t] += (t3 - t2) * 1000.0
-                    if tracer is not None:
-                        tracer.complete(_INFER, t1, t2, "collector")
-                collected += int(buf.valid[t].sum())
-                t += 1
-            for k, cols in enumerate(self.columns):  # every part's last step
-                done, pending[k] = pending[k], None
-                if done is None:  # no step was asked for
-                    continue
-                t0 = time.perf_counter()
-                self._take(buf, t, cols, done.result())
-                if pipelined:
-                    buf.step_ms[t - 1] += (time.perf_counter() - t0) * 1000.0
-        finally:  # an env that raised: let the other parts' steps end before the error leaves
-            for f in pending:
-                if f is not None:
-                    f.exception()
+        nested = trace.nested_track() if tracer is not None else None
+        while (t < steps) if steps is not None else (collected < min_transitions):
+            if t == buf.capacity:
+                buf.grow()
+            t0 = time.perf_counter()
+            if t < random_steps or policy is None:
+                buf.actions[t] = random_action(n)
+            else:
+                with torch.inference_mode():
+                    obs_t = np.asarray(buf.obs[t], dtype=np.float32)  # a view for float32 envs
+                    out = policy({Columns.OBS: torch.from_numpy(obs_t)})
+                    inputs = out[Columns.ACTION_DIST_INPUTS]
+                    dist = dist_cls.from_logits(inputs)
+                    a = dist.sample()
+                    buf.actions[t] = a.numpy()
+                    if with_logp:
+                        buf.logp[t] = dist.logp(a).numpy()
+                        buf.dist_inputs_row(t, inputs.numpy())
+            t1 = time.perf_counter()
+            next_obs, reward, term, trunc, _ = self.env.step(
+                env_actions(buf.actions[t], self.low, self.high)
+            )
+            t2 = time.perf_counter()
+            buf.obs[t + 1] = next_obs
+            buf.rewards[t] = reward
+            buf.terminated[t] = term
+            buf.truncated[t] = trunc
+            buf.valid[t] = ~self.prev_done
+            collected += n - int(self.prev_done.sum())
+            self.prev_done = np.logical_or(term, trunc)
+            buf.infer_ms[t] = (t1 - t0) * 1000.0
+            buf.step_ms[t] = (t2 - t1) * 1000.0
+            if tracer is not None:
+                tracer.complete(_INFER, t0, t1, "collector")
+                tracer.complete(_STEP, t1, t2, "collector")
+                marks = getattr(self.env, "last_step_marks", None)
+                if marks is not None:
+                    for name, a, b in _NESTED_LABELS:
+                        if marks[b] > marks[a]:
+                            tracer.complete(name, marks[a], marks[b], "nested", track=nested)
+            t += 1
         if self.tracker is not None:  # per step, recorded once per fragment
             self.tracker.scalar_series(
                 **{
@@ -248,57 +204,6 @@ class RolloutLoop:
             obs, actions, logp, dist_inputs, rewards, terminated, truncated, valid, finished
         )
 
-    def _take(self, buf, t, cols, out) -> None:
-        """One part's step results into row t (its observation) and t - 1 (the rest)."""
-        next_obs, reward, term, trunc = out
-        buf.obs[t, cols] = next_obs
-        buf.rewards[t - 1, cols] = reward
-        buf.terminated[t - 1, cols] = term
-        buf.truncated[t - 1, cols] = trunc
-        self.prev_done[cols] = np.logical_or(term, trunc)
-
-    @staticmethod
-    def _act(buf, t, cols, policy, dist_cls, with_logp) -> None:
-        with torch.inference_mode():
-            obs_t = np.asarray(buf.obs[t, cols], dtype=np.float32)  # a view for float32 envs
-            out = policy({Columns.OBS: torch.from_numpy(obs_t)})
-            inputs = out[Columns.ACTION_DIST_INPUTS]
-            dist = dist_cls.from_logits(inputs)
-            a = dist.sample()
-            buf.actions[t, cols] = a.numpy()
-            if with_logp:
-                buf.logp[t, cols] = dist.logp(a).numpy()
-                buf.dist_inputs_rows(t, cols, inputs.numpy())
-
-
-class _Done:
-    """A step already taken, with the interface of a finished Future."""
-
-    def __init__(self, value):
-        self._value = value
-
-    def result(self):
-        return self._value
-
-    def exception(self):
-        return None
-
-
-def _step(env, actions, tracer):
-    """One env step (on a part's thread when pipelined), traced as Env Step with its parts."""
-    t1 = time.perf_counter()
-    next_obs, reward, term, trunc, _ = env.step(actions)
-    t2 = time.perf_counter()
-    if tracer is not None:
-        tracer.complete(_STEP, t1, t2, "collector")
-        marks = getattr(env, "last_step_marks", None)
-        if marks is not None:
-            nested = trace.nested_track()
-            for name, a, b in _NESTED_LABELS:
-                if marks[b] > marks[a]:
-                    tracer.complete(name, marks[a], marks[b], "nested", track=nested)
-    return next_obs, reward, term, trunc
-
 
 class _Buffers:
     """The preallocated (T, N, ...) arrays of one fragment."""
@@ -317,11 +222,10 @@ class _Buffers:
         self.infer_ms = np.zeros(cap)  # per step: policy forward + sampling
         self.step_ms = np.zeros(cap)  # per step: env.step
 
-    def dist_inputs_rows(self, t, cols, rows):
+    def dist_inputs_row(self, t, row):
         if self.dist_inputs is None:
-            shape = (self.capacity, self.obs.shape[1]) + rows.shape[1:]
-            self.dist_inputs = np.zeros(shape, dtype=np.float32)
-        self.dist_inputs[t, cols] = rows
+            self.dist_inputs = np.zeros((self.capacity,) + row.shape, dtype=np.float32)
+        self.dist_inputs[t] = row
 
     def grow(self):
         extra = max(2, self.capacity // 4)
@@ -339,7 +243,7 @@ class _Buffers:
         ):
             a = getattr(self, name)
             if a is not None:
-                setattr(self, name, np.concatenate([a, np.zeros((extra,) + a.shape[1:], a.dtype)]))
+                setattr(self, name, np.concatenate([a, np.empty((extra,) + a.shape[1:], a.dtype)]))
         self.capacity += extra
 
     def trimmed(self, t):

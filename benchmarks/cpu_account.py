@@ -140,8 +140,8 @@ def snapshot(driver_pid: int, roles: Dict[int, str], titles: Dict[int, str]) -> 
                 continue
             if int(tid) == pid:
                 kind = "main"
-            elif comm.startswith(("physics-", "rollout-part-")):
-                kind = "physics"  # a pipelined loop's part threads: their env's Python too
+            elif comm.startswith("physics-"):
+                kind = "physics"
             elif comm == proc_comm:
                 kind = "python"  # a thread of the process's own code (Python, torch, OpenMP)
             else:

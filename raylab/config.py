@@ -127,13 +127,6 @@ class TrainingConfig:
         "step per vector step, episodes built once per fragment); false: RLlib's own EnvRunner "
         "loop; null: on for raylab tasks, off for Gymnasium ids (which it does not support)",
     )
-    pipeline_rollout: bool = option(
-        False,
-        "raylab's rollout loop steps each EnvRunner's envs as two vector envs of half the envs, "
-        "each on its own thread with half the physics threads: one half's physics runs while "
-        "the policy acts on the other (raylab tasks, 2+ envs; each half keeps its own push "
-        "curriculum count, as two EnvRunners would)",
-    )
     # The metric contract's trace options (raylab.metrics.trace).
     trace_enabled: bool = option(
         False,
@@ -420,7 +413,6 @@ def compose(
     _check_choices(cfg)
     _check_num_threads(cfg)
     _check_fast_sampler(cfg)
-    _check_pipeline_rollout(cfg)
     _check_evaluation(cfg)
     _check_privileged_obs(cfg)
     _check_split_update(cfg)
@@ -562,30 +554,6 @@ def _check_fast_sampler(cfg: DictConfig) -> None:
                 "discrete ones, which RLlib's EnvRunner samples: use training.fast_sampler=null "
                 "or false"
             )
-
-
-def _check_pipeline_rollout(cfg: DictConfig) -> None:
-    if not cfg.training.pipeline_rollout:
-        return
-    from raylab.algorithms.build import use_fast_sampler
-
-    if cfg.task not in TASKS:
-        raise UserError(
-            f"training.pipeline_rollout=true applies to raylab tasks ({', '.join(TASKS)}); "
-            f"'{cfg.task}' is a Gymnasium id, whose envs step one by one: use "
-            "training.pipeline_rollout=false"
-        )
-    if cfg.algo.name != "sac" and not use_fast_sampler(cfg):
-        raise UserError(
-            "training.pipeline_rollout=true needs raylab's rollout loop; "
-            "training.fast_sampler=false turns it off: use training.fast_sampler=null"
-        )
-    n = int(cfg.env.num_envs)
-    if n < 2 or n % 2:
-        raise UserError(
-            f"training.pipeline_rollout=true steps two equal halves: env.num_envs={n} is "
-            "invalid; it must be even and at least 2"
-        )
 
 
 def _check_split_update(cfg: DictConfig) -> None:

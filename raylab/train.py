@@ -347,8 +347,6 @@ def train(
         n = physics_threads(cfg)
         auto = " (env.num_threads=auto)" if str(cfg.env.num_threads) == "auto" else ""
         threads = f" on {n} physics thread(s){auto}"
-        if cfg.training.pipeline_rollout:
-            threads += f", pipelined as 2 x {int(cfg.env.num_envs) // 2}"
     _say(
         f"{cfg.algo.name} on {cfg.task} ({cfg.sim}): {cfg.resources.num_env_runners} EnvRunner(s)"
         f" x {cfg.env.num_envs} envs{threads}, {max(1, cfg.resources.num_learners)} Learner(s); "

@@ -7,8 +7,6 @@ through the fast path by default: they are the check that RLlib's learners train
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 import torch
@@ -146,112 +144,6 @@ def test_rollout_loop_steps_min_transitions_and_bookkeeps_episodes():
     )
     assert fixed.valid.shape == (4, 3)
     env.close()
-
-
-class _MeanOf:
-    """A deterministic action distribution (its sample is tanh of the first inputs), so a
-    pipelined loop and a plain one can be compared value for value."""
-
-    def __init__(self, inputs):
-        self.inputs = inputs
-
-    @classmethod
-    def from_logits(cls, inputs):
-        return cls(inputs)
-
-    def sample(self):
-        return torch.tanh(self.inputs[:, :14])
-
-    def logp(self, a):
-        return -(a * a).sum(-1)
-
-
-def _elementwise_policy(batch):  # per row and element only: the same whatever the batch size
-    obs = batch[Columns.OBS]
-    return {Columns.ACTION_DIST_INPUTS: 0.7 * obs[:, :28] - 0.1}
-
-
-def test_a_pipelined_loop_of_two_parts_steps_every_env_as_one_loop_does():
-    """Two parts of 2 envs (seeded as columns 0-1 and 2-3 of one env of 4) under the same
-    deterministic policy: the same fragments, through autoresets and several run() calls, and
-    each part stepped on its own thread."""
-    opts = dict(num_threads=1, episode_steps=60, num_pushes=1)
-    one = RolloutLoop(MicroduckBalanceVecEnv(num_envs=4, **opts))
-    parts = [MicroduckBalanceVecEnv(num_envs=2, **opts) for _ in range(2)]
-    threads = set()
-    for part in parts:
-        step = part.step
-
-        def traced(actions, step=step):
-            threads.add(threading.current_thread().name)
-            return step(actions)
-
-        part.step = traced
-    two = RolloutLoop(parts)
-    assert two.num_envs == 4 and [c.start for c in two.columns] == [0, 2]
-    one.reset(seed=5), two.reset(seed=5)
-    np.testing.assert_array_equal(one.obs, two.obs)
-    for want in (7, 130, 150):
-        a = one.run(_elementwise_policy, _MeanOf, min_transitions=want)
-        b = two.run(_elementwise_policy, _MeanOf, min_transitions=want)
-        for name in ("obs", "actions", "logp", "dist_inputs", "rewards", "terminated", "valid"):
-            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
-        assert a.episodes == b.episodes
-    assert a.episodes and not a.valid.all()  # episodes ended and autoreset within the runs
-    np.testing.assert_array_equal(one.ep_return, two.ep_return)
-    assert len(threads) == 2 and all(n.startswith("rollout-part") for n in threads)
-    two.close()
-    for env in [one.env] + parts:
-        env.close()
-
-
-def test_a_pipelined_envrunner_samples_two_halves_and_logs_them_as_one_env():
-    """training.pipeline_rollout on a real EnvRunner: its loop steps two vector envs of 2 (its
-    4 envs, seeded as its own env would be), the episodes and their metrics are those of 4
-    envs, the task's reward terms and step parts reach the collector tracker from both halves,
-    and stop() closes the halves."""
-    cfg = compose("appo", "microduck_balance", overrides=SHORT + ["training.pipeline_rollout=true"])
-    config = build_algorithm_config(cfg).env_runners(rollout_fragment_length=32)
-    runner = RaylabFastEnvRunner(config=config, worker_index=1)
-    plain = RaylabFastEnvRunner(
-        config=build_algorithm_config(
-            compose("appo", "microduck_balance", overrides=SHORT)
-        ).env_runners(rollout_fragment_length=32),
-        worker_index=1,
-    )
-    first = runner.sample(num_timesteps=4)
-    assert [p.num_envs for p in runner.rollout_parts] == [2, 2]
-    assert runner._loop.envs == list(runner.rollout_parts)
-    # The same first observations as the EnvRunner's own env: the halves are seeded as one.
-    want = plain.sample(num_timesteps=4)
-    assert len(first) == len(want) == 4
-    for a, b in zip(first, want):
-        np.testing.assert_array_equal(a.get_observations()[0], b.get_observations()[0])
-    torch.manual_seed(0)
-    runner.sample(num_timesteps=4 * 70)  # every env finishes one 60-step episode
-    metrics = runner.get_metrics()
-    assert metrics["episode_len_mean"].peek() == 60 and metrics["num_episodes"].peek() == 4
-    from raylab.metrics import schema as S
-    from raylab.metrics.tracker import drop_counts, merge_exports
-
-    merged = drop_counts(merge_exports(metrics["raylab"]["collector"].peek()))
-    rewards = [k for k in merged if k.startswith("collector/reward/")]
-    assert rewards and all(np.isfinite(merged[k]) for k in rewards)
-    assert merged[f"collector/{S.PERF_COLLECTOR_ENV_STEP_MS}"] > 0
-    halves = runner.rollout_parts
-    runner.stop(), plain.stop()
-    assert all(h.closed for h in halves)
-
-
-def test_pipeline_rollout_is_refused_where_it_cannot_apply():
-    for task, extra, match in [
-        ("Pendulum-v1", [], "applies to raylab tasks"),
-        ("microduck_balance", ["training.fast_sampler=false"], "needs raylab's rollout loop"),
-        ("microduck_balance", ["env.num_envs=5"], "env.num_envs=5 is invalid"),
-    ]:
-        with pytest.raises(UserError, match=match):
-            compose("ppo", task, overrides=["training.pipeline_rollout=true"] + extra)
-    compose("sac", "microduck_balance", overrides=["training.pipeline_rollout=true"])
 
 
 def test_env_actions_are_rllibs_unsquash_and_clip():

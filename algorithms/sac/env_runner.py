@@ -28,7 +28,7 @@ class RaylabSACEnvRunner(RaylabEnvRunner):
 
     def _fast_init(self) -> None:
         one_torch_thread()
-        self._loop = RolloutLoop(self.rollout_envs(), stats_tracker.get(COLLECTOR_TRACKER))
+        self._loop = RolloutLoop(self.batched_env(), stats_tracker.get(COLLECTOR_TRACKER))
         self._weights_version = -1
         self._rng = np.random.default_rng((self.config.seed or 0) * 7919 + self.worker_index)
         self._act_dim = self._loop.low.shape[0]

@@ -24,11 +24,11 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from raylab.envs.tasks import (
-    GYMNASIUM_ENV_DEFAULTS,
     TASKS,
     EnvConfig,
     TaskSpec,
     gymnasium_algo_defaults,
+    gymnasium_env_defaults,
     option,
 )
 from raylab.errors import UserError, choices_hint
@@ -371,7 +371,9 @@ def task_spec(task: str) -> TaskSpec:
 
     import raylab.envs  # noqa: F401  (registers raylab/ ids)
 
-    generic = dict(algo_defaults=gymnasium_algo_defaults(task), env_defaults=GYMNASIUM_ENV_DEFAULTS)
+    generic = dict(
+        algo_defaults=gymnasium_algo_defaults(task), env_defaults=gymnasium_env_defaults(task)
+    )
     if task in gym.registry:
         return TaskSpec(name=task, gym_id=task, **generic)
     module, sep, env_id = task.partition(":")

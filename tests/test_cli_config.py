@@ -260,6 +260,22 @@ def test_a_gymnasium_family_s_tuned_settings_apply_to_its_ids_only():
     assert {k: algo[k] for k in walker} == walker and algo["hidden"] == generic["hidden"]
 
 
+def test_a_gymnasium_family_s_env_settings_apply_to_its_ids_only():
+    """SAC on Walker2d (any version) steps one env; SAC elsewhere and PPO keep the settings of
+    every Gymnasium id; an override still wins."""
+    from raylab.envs.tasks import GYMNASIUM_ENV_DEFAULTS, GYMNASIUM_FAMILY_ENV_DEFAULTS
+
+    one = GYMNASIUM_FAMILY_ENV_DEFAULTS["Walker2d"]["sac"]["num_envs"]
+    assert one != GYMNASIUM_ENV_DEFAULTS["sac"]["num_envs"]
+    for gym_id in ("Walker2d-v5", "Walker2d-v4"):
+        assert compose("sac", gym_id).env.num_envs == one
+    assert (
+        compose("sac", "HalfCheetah-v5").env.num_envs == GYMNASIUM_ENV_DEFAULTS["sac"]["num_envs"]
+    )
+    assert compose("ppo", "Walker2d-v5").env.num_envs == GYMNASIUM_ENV_DEFAULTS["ppo"]["num_envs"]
+    assert compose("sac", "Walker2d-v5", overrides=["env.num_envs=8"]).env.num_envs == 8
+
+
 def test_gpu_only_sac_options_are_refused_on_cpu_learners():
     from raylab.algorithms.build import resolve_num_gpus_per_learner
 

@@ -280,11 +280,34 @@ GYMNASIUM_FAMILY_ALGO_DEFAULTS = {
 }
 
 
+# Env settings for one Gymnasium task family, over GYMNASIUM_ENV_DEFAULTS. SAC on Walker2d: one
+# env, the reference SAC's layout. With 8 envs seed 0 passed 3,000 at 190-270k env steps and
+# collapsed to 778 at 300k (last 100 episodes 1,460); with one env seeds 0 and 1 reached 4,387
+# and 4,359 at 300k (last 100 episodes 3,853 and 3,099; benchmarks/README.md, "Gymnasium
+# parity"). One env runs 0.76x as many updates per second (88 against 117;
+# benchmarks/results/train_sac_walker2d_envs.json): 57-59 minutes per 300k env steps.
+GYMNASIUM_FAMILY_ENV_DEFAULTS = {"Walker2d": {"sac": {"num_envs": 1}}}
+
+
+def _family(gym_id: str) -> str:
+    """The task family of a Gymnasium id: the id without its module and version."""
+    return gym_id.split(":")[-1].split("-v")[0]
+
+
+def _merged(generic, families, gym_id: str) -> Dict[str, Dict[str, Any]]:
+    family = families.get(_family(gym_id), {})
+    algos = set(generic) | set(family)
+    return {a: {**generic.get(a, {}), **family.get(a, {})} for a in algos}
+
+
 def gymnasium_algo_defaults(gym_id: str) -> Dict[str, Dict[str, Any]]:
     """Per algorithm, the defaults of a Gymnasium id: those of every id, then its family's."""
-    family = GYMNASIUM_FAMILY_ALGO_DEFAULTS.get(gym_id.split(":")[-1].split("-v")[0], {})
-    algos = set(GYMNASIUM_ALGO_DEFAULTS) | set(family)
-    return {a: {**GYMNASIUM_ALGO_DEFAULTS.get(a, {}), **family.get(a, {})} for a in algos}
+    return _merged(GYMNASIUM_ALGO_DEFAULTS, GYMNASIUM_FAMILY_ALGO_DEFAULTS, gym_id)
+
+
+def gymnasium_env_defaults(gym_id: str) -> Dict[str, Dict[str, Any]]:
+    """Per algorithm, the env settings of a Gymnasium id: those of every id, then its family's."""
+    return _merged(GYMNASIUM_ENV_DEFAULTS, GYMNASIUM_FAMILY_ENV_DEFAULTS, gym_id)
 
 
 # Envs per EnvRunner for the MuJoCo robot tasks: on-policy batches from 32 envs; SAC's one

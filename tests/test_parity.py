@@ -74,7 +74,9 @@ def test_a_run_stopped_after_its_minutes_resumes_to_its_budget_with_its_replay(
     assert [s["status"] for s in second["segments"]] == ["interrupted", "completed"]
     assert second["wall_s"] == pytest.approx(sum(s["wall_s"] for s in second["segments"]), abs=0.2)
     ends = [e[0] for e in second["episodes"]]
-    assert ends == sorted(ends) and ends[-1] >= steps - 200
+    # The last batch of episodes ends within one episode of each env (4 x 200 env steps) of
+    # the end: where in that span depends on where the stop fell.
+    assert ends == sorted(ends) and ends[-1] >= steps - 4 * 200
     # 200-step episodes, before and after the stop (the 4 envs' episodes in flight at the stop
     # and at the end are not finished)
     assert len(second["episodes"]) >= steps // 200 - 8

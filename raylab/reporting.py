@@ -441,6 +441,9 @@ class RaylabTuneCallback(tune.Callback):
         run["pending"] = {**run.get("pending", {}), **metrics}
         if step > run.get("logged_step", -1):
             run["backend"].log(step, run.pop("pending"))
+            # On disk before the summary names this iteration: a killed driver loses no
+            # iteration it reported (the writer's own timer flushes every 30 s).
+            run["backend"].flush()
             run["logged_step"] = step
         episodes = result.get(EPISODE_LOG_KEY)
         if episodes:  # training.episode_log

@@ -306,14 +306,18 @@ def driver_killed_and_resumed(head, tmp_path_factory):
         # Tune's next experiment snapshot records that checkpoint (the next checkpoint is
         # 10 iterations of >= 1 s away).
         wait_for_tune_snapshot(run_dir / "tune", after=time.time())
-        # ... and the run is past the checkpoint's iteration, so that the kill throws work
-        # away (in CI the kill once came before the next iteration had ended).
+        # ... and the run is 3 iterations past the checkpoint's (the next checkpoint is 10
+        # away), so that the kill throws work away (in CI the kill once came before the next
+        # iteration had ended), and more than the resumed run's first iteration re-does
+        # (APPO's iterations differ in size: one iteration past it was not always enough).
         checkpoints = sorted((run_dir / "tune").glob("*/checkpoint_*"))
         ckpt_iteration = checkpoint_counters(checkpoints[-1])[0]
         at_kill = _wait(
-            lambda: (s := _summary(run_dir)).get("training_iteration", 0) > ckpt_iteration and s,
+            lambda: (
+                (s := _summary(run_dir)).get("training_iteration", 0) >= ckpt_iteration + 3 and s
+            ),
             60,
-            f"an iteration after the checkpoint's ({ckpt_iteration})",
+            f"3 iterations after the checkpoint's ({ckpt_iteration})",
             proc,
             log,
         )
@@ -383,6 +387,9 @@ def test_resume_keeps_the_step_counters(driver_killed_and_resumed):
     assert len(f["first_events"]) == 1 and len(resumed) == 1, events
     before, after = _event_steps(f["first_events"][0]), _event_steps(resumed[0])
     assert ckpt_steps in before  # the checkpointed iteration was logged before the kill
+    # Every iteration the summary had recorded when the driver was killed is in its event file
+    # (the callback flushes the writer before it updates the summary).
+    assert before[-1] >= f["at_kill"]["env_steps"] and f["at_kill"]["env_steps"] in before
     # The resumed driver's first step continues from the checkpoint's counter (not from 0),
     # and it re-does the steps after the checkpoint that the kill threw away.
     assert ckpt_steps <= after[0] < before[-1]

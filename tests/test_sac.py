@@ -541,9 +541,12 @@ def test_a_checkpoint_with_the_replay_restores_the_ring_the_temperature_and_the_
         for key, rows in ring["storage"].items():
             np.testing.assert_array_equal(view["ring"]["storage"][key], rows)
         np.testing.assert_array_equal(view["ring"]["generator"], ring["generator"])
-        restored.train()
-        restored.train()
-        (after,) = on_learner(restored, lambda learner: learner.status())
+        for _ in range(50):  # until the Learner updates again (two iterations were not
+            # always enough on a loaded CI machine: the thread had not run its first update yet)
+            restored.train()
+            (after,) = on_learner(restored, lambda learner: learner.status())
+            if after["updates"] > caught_up:
+                break
         assert after["ingested"] > ingested  # no random warm-up to wait for
         assert after["updates"] > caught_up
         assert after["size"] == 1500

@@ -166,19 +166,21 @@ def test_two_trial_sweep_end_to_end(tmp_path, idle_head):
 
 
 ASHA_STEPS = 8_000
-SHORT_LONG = (50, 50, 200, 200, 200, 200)  # Pendulum episode lengths of the ASHA trials
+SHORT_LONG = (50, 50, 100, 100, 100, 100)  # Pendulum episode lengths of the ASHA trials
 
 
 @pytest.mark.slow
 def test_asha_stops_trials_early_on_train_mean_reward(tmp_path, idle_head):
     """Six trials, two at a time; ASHA (reduction factor 4, rungs at iterations 1, 4 and 16)
     stops a trial whose Train/mean_reward at a rung is below the best quarter recorded there.
-    The first two trials run Pendulum with 50-step episodes (returns about a quarter of the
-    200-step ones), the other four with 200: when each of those reaches a rung, the two short
+    The first two trials run Pendulum with 50-step episodes (returns about half of the
+    100-step ones), the other four with 100: when each of those reaches a rung, the two short
     ones, which started first, have recorded it already, and ASHA must stop it there. (Six
     trials that differed only by seed depended on the order they reached the rungs: in one CI
-    run none was stopped.) The budget is in env steps, not seconds, so that a trial reaches the
-    rungs however loaded the machine is; short iterations (0.3 s, about 300-900 env steps) put
+    run none was stopped. With 200-step episodes a loaded machine's trial had no finished
+    episode at rung 4, so no decision, and reached its budget before rung 16.) The budget is
+    in env steps, not seconds, so that a trial reaches the rungs however loaded the machine
+    is; short iterations (0.3 s, about 300-900 env steps) put
     rung 4 well inside it; Train/mean_reward is NaN until a trial's first episode ends, and a
     NaN is recorded without a decision."""
     path = _write(

@@ -14,6 +14,10 @@
    baselines and the headroom taken (docs/envs.md; and the target, when given); and
    ``benchmarks/learning/NAME.png``, the curve (``raylab plot``).
 
+A task whose defaults schedule the policy's std or the learning rate over
+``training.total_steps`` (PPO on ``go2_joystick_flat``) needs ``training.total_steps=N`` among
+the overrides: the budget, not the step count, ends the run, and the schedule spans N env steps.
+
 ``--post-only`` redoes steps 2-4 for a run that trained already. Several seeds of one config:
 ``raylab plot runs/learning/A runs/learning/B ...``.
 """
@@ -65,6 +69,26 @@ def main(argv=None) -> int:
 
     sys.path.insert(0, str(REPO))
     from raylab.bench.common import busy_processes, machine_info
+
+    # The run stops on its time budget, so training.total_steps is set out of reach below; a
+    # schedule over training.total_steps (the log-std bound, a linear learning rate) would then
+    # never move. Such a run names the steps its schedule spans.
+    from raylab.config import compose
+    from raylab.errors import UserError
+
+    try:
+        cfg = compose(a.algo, a.task, overrides=a.overrides)
+    except UserError as e:
+        p.error(str(e))
+    scheduled = getattr(cfg.algo, "final_max_log_std", None) is not None or (
+        getattr(cfg.algo, "lr_schedule", "constant") != "constant"
+    )
+    if scheduled and not any(o.startswith("training.total_steps=") for o in a.overrides):
+        p.error(
+            f"{a.algo} on {a.task} schedules its log-std bound or learning rate over "
+            "training.total_steps; pass training.total_steps=N (the env steps the schedule "
+            "spans, e.g. what the budget reaches) after --"
+        )
 
     run = RUNS / a.name
     if run.exists() and not a.post_only:

@@ -226,6 +226,7 @@ def rl_module_options(cfg: DictConfig) -> Dict[str, Any]:
         MODULES,
         NORMALIZE_OBS,
         SCALE_REWARDS,
+        SCHEDULE_SECONDS,
         SCHEDULE_STEPS,
     )
 
@@ -233,6 +234,7 @@ def rl_module_options(cfg: DictConfig) -> Dict[str, Any]:
     model_config[MAX_LOG_STD] = max_log_std
     model_config[FINAL_MAX_LOG_STD] = cfg.algo.get("final_max_log_std")
     model_config[SCHEDULE_STEPS] = int(cfg.training.total_steps)
+    model_config[SCHEDULE_SECONDS] = cfg.training.get("time_budget_s")  # None: steps only
     model_config[NORMALIZE_OBS] = normalize
     model_config[SCALE_REWARDS] = scale_rewards
     return {

@@ -182,7 +182,14 @@ class _TimedLearnerMixin:
             module = self.module[module_id]
             module = module.unwrapped() if hasattr(module, "unwrapped") else module
             if getattr(module, "log_std_bound", None) is not None:  # algo.final_max_log_std
-                module.set_log_std_bound(int(timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0)))
+                # the run's seconds since the previous update (0 at the first), on this clock
+                now = time.monotonic()
+                ticks = self.__dict__.setdefault("_schedule_ticks", {})
+                last = ticks.get(module_id, now)
+                ticks[module_id] = now
+                module.set_log_std_bound(
+                    int(timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0)), add_seconds=now - last
+                )
         t0 = getattr(self, "_learning_t0", None)
         if t0 is not None and self.timeline.on_owner_thread():
             now = time.perf_counter()

@@ -5,8 +5,11 @@ module, with two options. ``algo.max_log_std`` bounds the policy's log std softl
 (``max - softplus(max - raw)``: close to the raw output well below the bound, never above it),
 so that a policy trained without an entropy bonus on clipped actions cannot widen its sampling
 distribution until every sampled action saturates; with ``algo.final_max_log_std`` the bound
-is a buffer of the module that the Learner moves linearly to that value over
-``training.total_steps`` env steps (:func:`scheduled_log_std_bound`), so the policy learns to
+is a buffer of the module that the Learner moves linearly to that value by the end of the run:
+at ``training.total_steps`` env steps or, with ``training.time_budget_s``, at the end of the
+budget, whichever comes first (:func:`scheduled_log_std_bound`; the seconds count on the
+Learner's clock from its first update and are a buffer too, so a resumed run goes on where it
+stopped), so the policy learns to
 act with little noise late in training and its mean action becomes the controller that
 evaluation runs; the buffer travels with the weights like the observation statistics below.
 And its policy sees only the first
@@ -48,6 +51,7 @@ ACTOR_OBS_DIM = "actor_obs_dim"  # model_config keys
 MAX_LOG_STD = "max_log_std"
 FINAL_MAX_LOG_STD = "final_max_log_std"
 SCHEDULE_STEPS = "log_std_schedule_steps"
+SCHEDULE_SECONDS = "log_std_schedule_seconds"
 NORMALIZE_OBS = "normalize_obs"
 SCALE_REWARDS = "scale_rewards"
 OBS_CLIP = 10.0  # normalised observations are clipped to [-OBS_CLIP, OBS_CLIP]
@@ -151,11 +155,21 @@ def bound_log_std(dist_inputs: torch.Tensor, max_log_std) -> torch.Tensor:
     return torch.cat([mean, bound - torch.nn.functional.softplus(bound - log_std)], dim=-1)
 
 
-def scheduled_log_std_bound(start: float, final: float, steps: int, env_steps: int) -> float:
-    """The log-std bound after ``env_steps`` env steps: linear from ``start`` at 0 to ``final``
-    at ``steps``, then constant."""
-    frac = min(1.0, max(0.0, env_steps / max(1, steps)))
-    return start + (final - start) * frac
+def scheduled_log_std_bound(
+    start: float,
+    final: float,
+    steps: int,
+    env_steps: int,
+    seconds: float | None = None,
+    elapsed_s: float = 0.0,
+) -> float:
+    """The log-std bound after ``env_steps`` env steps (and ``elapsed_s`` seconds of a run with
+    a ``seconds`` budget): linear from ``start`` at 0 to ``final`` at ``steps`` or at
+    ``seconds``, whichever the run reaches first, then constant."""
+    frac = env_steps / max(1, steps)
+    if seconds:
+        frac = max(frac, elapsed_s / float(seconds))
+    return start + (final - start) * min(1.0, max(0.0, frac))
 
 
 class _Asymmetric:
@@ -176,18 +190,26 @@ class _Asymmetric:
         if self.model_config.get(FINAL_MAX_LOG_STD) is not None:
             start = float(self.model_config[MAX_LOG_STD])
             self.register_buffer("log_std_bound", torch.tensor(start, dtype=torch.float32))
+            # seconds of the run the schedule has counted (training.time_budget_s)
+            self.register_buffer("log_std_schedule_s", torch.zeros((), dtype=torch.float64))
         else:
             self.log_std_bound = None
 
-    def set_log_std_bound(self, env_steps: int) -> None:
-        """Move the scheduled bound to where it is after ``env_steps`` env steps sampled."""
+    def set_log_std_bound(self, env_steps: int, add_seconds: float = 0.0) -> None:
+        """Move the scheduled bound to where it is after ``env_steps`` env steps sampled and
+        ``add_seconds`` more seconds of the run (counted only with a time budget)."""
         if self.log_std_bound is None:
             return
+        seconds = self.model_config.get(SCHEDULE_SECONDS)
+        if seconds:
+            self.log_std_schedule_s.add_(max(0.0, float(add_seconds)))
         value = scheduled_log_std_bound(
             float(self.model_config[MAX_LOG_STD]),
             float(self.model_config[FINAL_MAX_LOG_STD]),
             int(self.model_config[SCHEDULE_STEPS]),
             env_steps,
+            seconds,
+            float(self.log_std_schedule_s),
         )
         self.log_std_bound.fill_(value)
 

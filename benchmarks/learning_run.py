@@ -14,9 +14,10 @@
    baselines and the headroom taken (docs/envs.md; and the target, when given); and
    ``benchmarks/learning/NAME.png``, the curve (``raylab plot``).
 
-A task whose defaults schedule the policy's std or the learning rate over
-``training.total_steps`` (PPO on ``go2_joystick_flat``) needs ``training.total_steps=N`` among
-the overrides: the budget, not the step count, ends the run, and the schedule spans N env steps.
+A configuration that anneals the learning rate over ``training.total_steps`` (PPO's defaults
+on a Gymnasium id) needs ``training.total_steps=N`` among the overrides: the budget, not the
+step count, ends the run, and the schedule spans N env steps. (The policy std's schedule, PPO's
+default on ``go2_joystick_flat``, ends with the budget by itself.)
 
 ``--post-only`` redoes steps 2-4 for a run that trained already. Several seeds of one config:
 ``raylab plot runs/learning/A runs/learning/B ...``.
@@ -71,8 +72,9 @@ def main(argv=None) -> int:
     from raylab.bench.common import busy_processes, machine_info
 
     # The run stops on its time budget, so training.total_steps is set out of reach below; a
-    # schedule over training.total_steps (the log-std bound, a linear learning rate) would then
-    # never move. Such a run names the steps its schedule spans.
+    # linear learning rate, which spans training.total_steps only, would then never move. Such
+    # a run names the steps it spans. (The log-std bound's schedule ends with the time budget
+    # when that comes first: nothing to name.)
     from raylab.config import compose
     from raylab.errors import UserError
 
@@ -80,14 +82,12 @@ def main(argv=None) -> int:
         cfg = compose(a.algo, a.task, overrides=a.overrides)
     except UserError as e:
         p.error(str(e))
-    scheduled = getattr(cfg.algo, "final_max_log_std", None) is not None or (
-        getattr(cfg.algo, "lr_schedule", "constant") != "constant"
-    )
+    scheduled = getattr(cfg.algo, "lr_schedule", "constant") != "constant"
     if scheduled and not any(o.startswith("training.total_steps=") for o in a.overrides):
         p.error(
-            f"{a.algo} on {a.task} schedules its log-std bound or learning rate over "
-            "training.total_steps; pass training.total_steps=N (the env steps the schedule "
-            "spans, e.g. what the budget reaches) after --"
+            f"{a.algo} on {a.task} anneals its learning rate over training.total_steps; pass "
+            "training.total_steps=N (the env steps it spans, e.g. what the budget reaches) "
+            "after --"
         )
 
     run = RUNS / a.name

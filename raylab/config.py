@@ -199,8 +199,9 @@ class OnPolicyConfig(AlgoConfig):
     )
     final_max_log_std: Optional[float] = option(
         None,
-        "move the max_log_std bound linearly to this value at training.total_steps env steps, "
-        "so the exploration noise shrinks late in training (null: the bound stays constant)",
+        "move the max_log_std bound linearly to this value by the run's end: training.total_steps "
+        "env steps or, when set, training.time_budget_s seconds, whichever comes first; the "
+        "exploration noise shrinks late in training (null: the bound stays constant)",
     )
     scale_rewards: bool = option(
         False,

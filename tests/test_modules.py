@@ -212,8 +212,17 @@ def test_the_scheduled_log_std_bound_moves_linearly_then_stays():
     assert scheduled_log_std_bound(1.0, -2.0, 1000, 0) == 1.0
     assert scheduled_log_std_bound(1.0, -2.0, 1000, 500) == pytest.approx(-0.5)
     assert scheduled_log_std_bound(1.0, -2.0, 1000, 5000) == -2.0
+    # With a time budget: whichever of steps and seconds is further along.
+    assert scheduled_log_std_bound(1.0, -2.0, 1000, 100, 60.0, 30.0) == pytest.approx(-0.5)
+    assert scheduled_log_std_bound(1.0, -2.0, 1000, 500, 60.0, 6.0) == pytest.approx(-0.5)
+    assert scheduled_log_std_bound(1.0, -2.0, 1000, 0, 60.0, 600.0) == -2.0
 
-    overrides = ["algo.max_log_std=1.0", "algo.final_max_log_std=-2.0", "training.total_steps=1000"]
+    overrides = [
+        "algo.max_log_std=1.0",
+        "algo.final_max_log_std=-2.0",
+        "training.total_steps=1000",
+        "training.time_budget_s=null",  # steps only
+    ]
     module = _raylab_module("ppo", overrides)
     obs = torch.randn(8, module.observation_space.shape[0])
 
@@ -229,6 +238,34 @@ def test_the_scheduled_log_std_bound_moves_linearly_then_stays():
     late = max_log_std()
     assert late < -1.25 < early
     assert "log_std_bound" in module.get_state()  # it travels with the weights
+    # Without a time budget the seconds the Learner passes do not move it.
+    module.set_log_std_bound(750, add_seconds=1e6)
+    assert float(module.log_std_bound) == pytest.approx(-1.25)
+
+
+def test_with_a_time_budget_the_bound_reaches_its_end_with_the_budget():
+    """training.time_budget_s: the bound moves with the run's seconds as the Learner counts
+    them (a module buffer, so a restored module goes on from there) when they are further along
+    than the env steps, and reaches final_max_log_std when the budget ends."""
+    overrides = [
+        "algo.max_log_std=1.0",
+        "algo.final_max_log_std=-2.0",
+        "training.total_steps=1000000",
+        "training.time_budget_s=100",
+    ]
+    module = _raylab_module("ppo", overrides)
+    module.set_log_std_bound(1000, add_seconds=25.0)  # a quarter of the budget, few steps
+    assert float(module.log_std_bound) == pytest.approx(0.25)
+    state = module.get_state()
+    assert float(state["log_std_schedule_s"]) == 25.0
+    restored = _raylab_module("ppo", overrides)
+    restored.set_state(state)
+    restored.set_log_std_bound(1000, add_seconds=25.0)  # goes on: half the budget
+    assert float(restored.log_std_bound) == pytest.approx(-0.5)
+    restored.set_log_std_bound(900_000, add_seconds=1.0)  # the steps are further along now
+    assert float(restored.log_std_bound) == pytest.approx(1.0 - 3.0 * 0.9)
+    restored.set_log_std_bound(900_000, add_seconds=100.0)
+    assert float(restored.log_std_bound) == -2.0
 
 
 @pytest.mark.parametrize(

@@ -124,6 +124,7 @@ def _train(algo_name: str, path):
         "algo.max_log_std=1.0",
         "algo.final_max_log_std=-2.0",
         "training.total_steps=8192",
+        "training.time_budget_s=null",  # the bound's schedule by env steps alone
         "resources.num_env_runners=1",
         "env.num_envs=4",
         "algo.hidden=[32,32]",

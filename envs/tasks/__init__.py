@@ -360,7 +360,7 @@ register_task(
         config="raylab.envs.tasks.go2:Go2JoystickFlatConfig",
         description="Go2-like quadruped tracking (vx, vy, yaw rate) commands on flat ground",
         # PPO's std is one learned parameter per joint (free_log_std) under a soft bound that
-        # falls from e^2 to e^-1.5 over training.total_steps (5 M by default): with the
+        # falls from e^2 to e^-1.5 by the run's end (5 M env steps or the time budget): with the
         # state-dependent std of the other tasks the gait leaned on the exploration noise, and
         # two of three seeds fell or stood when acting with the mean. 20-minute runs, seeds 0 /
         # 1 / 2, last checkpoint, 100 episodes: lin 0.255 / 0.453 / 0.469 m/s, yaw 0.169 /

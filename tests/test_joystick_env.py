@@ -29,6 +29,8 @@ from raylab.envs.tasks.microduck_joystick import (
     MicroduckJoystickConfig,
     MicroduckJoystickEnv,
     MicroduckJoystickVecEnv,
+    gait_reference,
+    prototype,
 )
 
 GO2 = "raylab/Go2JoystickFlat-v0"
@@ -183,6 +185,10 @@ def test_tasks_compose_for_every_algorithm():
             r"rew_feet_contact_clock needs the gait clock",
         ),
         ({"rew_pose": float("nan")}, r"rew_pose=nan is invalid; a reward weight must be finite"),
+        (
+            {"rew_gait_reference": 1.0},
+            r"rew_gait_reference=1.0 needs a reference gait, which go2_joystick_flat does not have",
+        ),
         ({"episode_steps": 0}, r"episode_steps=0 is invalid"),
         ({"num_threads": 0}, r"num_threads=0 is invalid"),
     ],
@@ -345,9 +351,8 @@ PENALTIES = (
 
 
 def test_every_reward_term_is_a_kernel_a_penalty_or_air_time():
-    assert set(KERNELS) | set(PENALTIES) | {"feet_air_time", "feet_contact_clock"} == set(
-        REWARD_TERMS
-    )
+    others = {"feet_air_time", "feet_contact_clock", "gait_reference"}  # tested below
+    assert set(KERNELS) | set(PENALTIES) | others == set(REWARD_TERMS)
 
 
 @pytest.mark.parametrize("name", KERNELS)
@@ -663,3 +668,85 @@ def test_microduck_joystick_stands_20_s_with_zero_action_without_pushes_and_fall
     assert still["survival"] == 1.0 and still["mean_episode_length"] == 1000
     pushed = _hold_pose_errors(duck, episodes=8, seed=1000)
     assert pushed["survival"] < 0.5
+
+
+# ---------------------------------------------------------------------------------------------
+# The microduck's reference gait
+# ---------------------------------------------------------------------------------------------
+
+
+def _ankles(q: np.ndarray) -> np.ndarray:
+    """(F, 3) ankle axes relative to each leg's hip pitch axis, in the trunk frame (level trunk),
+    for the servo angles ``q``: MuJoCo's forward kinematics of the real model."""
+    from raylab.envs.robots.microduck import ACTUATOR_NAMES
+
+    m = prototype()
+    d = mujoco.MjData(m)
+    d.qpos[:] = m.key_qpos[m.key("stand").id]
+    for k, name in enumerate(ACTUATOR_NAMES):
+        d.qpos[m.jnt_qposadr[m.joint(name).id]] = q[k]
+    mujoco.mj_kinematics(m, d)
+    return np.array(
+        [
+            d.xpos[m.body(f"{s}_foot").id] - d.xpos[m.body(f"{s}_thigh").id]
+            for s in ("left", "right")
+        ]
+    )
+
+
+def test_the_reference_gait_walks_the_feet_along_the_command():
+    from raylab.envs.tasks.microduck_joystick import STAND_REACH
+
+    env = MicroduckJoystickVecEnv(
+        num_envs=4, gait_freq_hz=2.5, rew_gait_reference=2.0, reference_lean=0.005
+    )
+    env.reset(seed=0)
+    # forward within reach, sideways, turning, and a zero command
+    env.command[:] = [[0.2, 0, 0], [0, 0.2, 0], [0, 0, 1.0], [0, 0, 0]]
+    env.moving[:] = [True, True, True, False]
+    path, refs = [], []
+    for phase in np.arange(0.0, 1.0, 0.05):
+        env.foot_phase = np.tile([phase, (phase + 0.5) % 1.0], (4, 1))
+        q = gait_reference(env)
+        np.testing.assert_array_equal(q[3], env.default)  # a zero command: the default pose
+        assert np.all(q >= env.robot.lower) and np.all(q <= env.robot.upper)
+        path.append([_ankles(q[i]) for i in range(3)])
+        refs.append(q)
+    path, refs = np.array(path), np.array(refs)  # (phase, command, foot, xyz), (phase, env, J)
+    fwd = path[:, 0, 0]  # the left ankle under the forward command, from its hip pitch axis
+    stance = slice(10, 20)  # phase >= 0.5
+    # stance: the leg a strut of the stand's length (knee at the stand's bend), sweeping back at
+    # the command's speed: 0.2 m/s x 0.2 s = 4 cm, from 2 cm ahead of the lean to 2 cm behind
+    np.testing.assert_allclose(refs[stance, 0, 3], env.default[3], atol=1e-9)
+    np.testing.assert_allclose(np.hypot(fwd[stance, 0], fwd[stance, 2]), STAND_REACH, atol=1e-6)
+    np.testing.assert_allclose(np.diff(fwd[stance, 0]), -0.04 / 10, atol=1e-6)
+    assert fwd[10, 0] == pytest.approx(0.02 - 0.005, abs=1e-6)
+    # swing: forward, the ankle lifted by reference_lift at mid-swing; the foot stays level
+    assert np.all(np.diff(fwd[:11, 0]) > 0)
+    assert fwd[5, 2] + np.sqrt(STAND_REACH**2 - fwd[5, 0] ** 2) == pytest.approx(0.008, abs=1e-6)
+    np.testing.assert_allclose(refs[:, 0, 2] + refs[:, 0, 3] + refs[:, 0, 4], 0.0, atol=1e-9)
+    # the other foot is half a cycle behind
+    np.testing.assert_allclose(path[:10, 0, 1], path[10:, 0, 0], atol=1e-9)
+    # sideways: the stance foot moves right (-y) under a leftward command; turning: the stance
+    # hip yaw turns clockwise under a counter-clockwise command
+    assert np.all(np.diff(path[stance, 1, 0, 1]) < 0)
+    assert refs[12, 2, 0] > 0 > refs[18, 2, 0]
+
+
+def test_the_gait_reference_term_is_one_on_the_reference_and_needs_the_clock():
+    env = MicroduckJoystickVecEnv(num_envs=2, gait_freq_hz=2.5, rew_gait_reference=2.0)
+    env.reset(seed=0)
+    env.command[:] = [[0.3, 0, 0.5], [0.3, 0, 0.5]]
+    env.moving[:] = True
+    ref = gait_reference(env)
+    env.joint_pos = np.array([ref[0], env.default])
+    raw = REWARD_TERMS["gait_reference"](env)
+    assert raw[0] == pytest.approx(1.0) and 0 < raw[1] < 1
+    _, r, *_ = env.step(np.zeros((2, 14)))
+    assert "gait_reference" in env.rewards.names and np.all(np.isfinite(r))
+    env.close()
+    with pytest.raises(ValueError, match="rew_gait_reference needs the gait clock"):
+        MicroduckJoystickVecEnv(num_envs=1, rew_gait_reference=1.0)
+    with pytest.raises(ValueError, match=r"reference_lift=0.1 is invalid; valid range: 0.0..0.02"):
+        MicroduckJoystickVecEnv(num_envs=1, reference_lift=0.1)
+    assert MicroduckJoystickConfig.rew_gait_reference == 0  # an option, off by default

@@ -38,6 +38,7 @@ Env state (one row per env; term functions read only these):
     air_time_at_touchdown (N, F)      length of the swing that ended this step (s), else 0
     foot_phase (N, F)                 gait clock + per-foot offset, in [0, 1); swing in [0, 0.5)
     fallen (N,)                       upright_cos <= the task's threshold
+    task                              the task table (``gait_reference``: the reference gait)
 """
 
 from __future__ import annotations
@@ -161,6 +162,14 @@ def feet_contact_clock(env):
     return np.mean(np.where(env.contact == stance, 1.0, -1.0), axis=1)
 
 
+def gait_reference(env):
+    """Joints follow the task's reference gait (a joint-space walking pattern driven by the
+    gait clock and the command, ``JoystickTask.gait_reference``):
+    exp(-sum (q - q_ref)^2 / reference_sigma); 1 on the reference."""
+    e = env.joint_pos - env.task.gait_reference(env)
+    return np.exp(-_sum_sq(e) / env.opts.reference_sigma)
+
+
 def foot_clearance(env):
     """Feet moving sideways away from the swing height: sum (height - swing_height)^2 x
     sqrt(|v_xy|) over feet (penalty)."""
@@ -195,6 +204,7 @@ REWARD_TERMS: Dict[str, Callable] = {
     "feet_air_time": feet_air_time,
     "feet_swing_height": feet_swing_height,
     "feet_contact_clock": feet_contact_clock,
+    "gait_reference": gait_reference,
     "foot_clearance": foot_clearance,
     "foot_slip": foot_slip,
     "termination": termination,
@@ -472,6 +482,9 @@ class JoystickTask:
     contact_force: float  # touch force (N) above which a foot is in contact
     fall_up_z: float  # fallen when the trunk's up axis z <= this
     domain: DomainRanges = DomainRanges()
+    # env -> (N, J) servo joint targets of a walking pattern for the gait clock and the command
+    # (the gait_reference reward term); None: the task has none
+    gait_reference: Optional[Callable[[Any], np.ndarray]] = None
 
 
 @dataclass
@@ -502,6 +515,9 @@ class JoystickConfig(PushCurriculum, BatchedEnvConfig):
     )
     tracking_sigma_lin: float = option(0.25, "tracking_lin_vel = exp(-|v_xy error|^2 / this)")
     tracking_sigma_ang: float = option(0.25, "tracking_ang_vel = exp(-yaw rate error^2 / this)")
+    reference_sigma: float = option(
+        0.5, "gait_reference = exp(-sum (q - reference q)^2 / this) (rad^2)"
+    )
     base_height_target: float = option(0.30, "trunk height (m) the base_height penalty aims at")
     air_time_min_s: float = option(0.1, "feet_air_time pays air time above this (s)")
     air_time_max_s: float = option(0.5, "... up to this (s)")
@@ -540,6 +556,9 @@ class JoystickConfig(PushCurriculum, BatchedEnvConfig):
     rew_feet_contact_clock: float = option(
         0.0, "reward weight: feet in contact in the clock's stance, off the ground in its swing"
     )
+    rew_gait_reference: float = option(
+        0.0, "reward weight: joints follow the task's reference gait (needs the gait clock)"
+    )
     rew_foot_clearance: float = option(0.0, "reward weight: feet moving below the swing height")
     rew_foot_slip: float = option(-0.1, "reward weight: squared speed of the feet in contact")
     rew_termination: float = option(0.0, "reward weight: 1 on the step the robot falls")
@@ -570,7 +589,7 @@ def check_joystick_options(o) -> None:
         v = float(getattr(o, name))
         if not math.isfinite(v) or v < 0:
             bad(f"{name}={v} is invalid; it must be finite and >= 0")
-    for name in ("swing_height", "tracking_sigma_lin", "tracking_sigma_ang"):
+    for name in ("swing_height", "tracking_sigma_lin", "tracking_sigma_ang", "reference_sigma"):
         v = float(getattr(o, name))
         if not math.isfinite(v) or v <= 0:
             bad(f"{name}={v} is invalid; it must be finite and > 0")
@@ -582,7 +601,7 @@ def check_joystick_options(o) -> None:
     for name in reward_weight_fields(type(o)):
         if not math.isfinite(float(getattr(o, name))):
             bad(f"{name}={getattr(o, name)} is invalid; a reward weight must be finite")
-    for name in ("rew_feet_swing_height", "rew_feet_contact_clock"):
+    for name in ("rew_feet_swing_height", "rew_feet_contact_clock", "rew_gait_reference"):
         if o.gait_freq_hz == 0 and getattr(o, name) != 0:
             bad(f"{name} needs the gait clock; set gait_freq_hz > 0 or the weight to 0")
     o.check_push_curriculum()
@@ -630,6 +649,11 @@ class JoystickVecEnv(BatchedVecEnv):
 
     def _configure(self, options):
         self.opts = parse_options(self.task.config_cls, options)
+        if self.opts.rew_gait_reference != 0 and self.task.gait_reference is None:
+            raise ValueError(
+                f"rew_gait_reference={self.opts.rew_gait_reference} needs a reference gait, which "
+                f"{self.task.name} does not have (microduck_joystick has one); set it to 0"
+            )
         proto = self.task.model()
         self.robot = LeggedRobot.of(proto, self.task.actuators, self.task.feet, self.task.key)
         return proto, self.task.nsubsteps

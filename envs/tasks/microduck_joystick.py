@@ -138,8 +138,9 @@ def gait_reference(env) -> np.ndarray:
     an arc) and sweeps the command's displacement over one stance back (vx / (2 gait_freq_hz),
     at most MAX_HALF_STRIDE either side of the stand); in swing it swings forward along the same
     arc, the ankle lifted by reference_lift at mid-swing; the stride is centred reference_lean
-    behind the hip (the duck's knees bend backwards, so stepping tips it back; a stride a few mm
-    behind the hip keeps its weight over the feet). Sideways commands roll the hips and
+    behind the hip (the duck's knees bend backwards and its stepping tips it back; a stride
+    centred a few mm behind the hip moves its weight forward over the feet). Sideways commands
+    roll the hips and
     yaw commands turn the hip yaws the same way. The default pose with a zero command; head and
     neck at the default always."""
     o = env.opts

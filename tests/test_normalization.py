@@ -7,6 +7,8 @@ log-std bound the Learner moves with the env steps, carried the same way."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -162,6 +164,14 @@ def _train(algo_name: str, path):
             (learner,) = _on_learners(algo, learner_state)
             if learner["obs"][0] >= 4096:
                 break
+        # APPO's Learner may still be updating on batches that train() queued; no more come, so
+        # wait until its state stops changing, or the checkpoint below holds a later state.
+        for _ in range(60):
+            time.sleep(0.5)
+            (settled,) = _on_learners(algo, learner_state)
+            if settled["obs"][0] == learner["obs"][0] and settled["bound"] == learner["bound"]:
+                break
+            learner = settled
         out["result"], out["learner"], out["sampled"] = result, learner, env_steps(result)
         algo.env_runner_group.sync_weights(from_worker_or_learner_group=algo.learner_group)
         (out["runner"],) = algo.env_runner_group.foreach_env_runner(

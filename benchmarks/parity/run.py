@@ -20,9 +20,10 @@ two curves are made from them, one per definition the reference uses:
 
 Saved to ``benchmarks/parity/results/NAME.json`` with the episodes, the command, the overrides,
 the wall time and the machine (cores, load before and after, what else was busy).
-``--stop-after-min M`` stops a run gracefully after M minutes (a final checkpoint) and
-``--resume`` continues it to its budget later (SAC with ``algo.store_buffer_in_checkpoints=true``
-goes on with its replay); the result's wall time is the sum of the segments, each listed.
+``--stop-after-min M`` stops a run gracefully after M minutes (a final checkpoint; a run that
+has not finished its first iteration by then is stopped after it) and ``--resume`` continues it
+to its budget later (SAC with ``algo.store_buffer_in_checkpoints=true`` goes on with its replay);
+the result's wall time is the sum of the segments, each listed.
 
 ``--report`` reads every saved result and prints the parity table (task, algorithm, steps,
 raylab mean +/- sd over seeds at each reference point by both definitions, the reference, wall
@@ -105,6 +106,30 @@ def curve(episodes: List[List[float]], how, points: int = 200) -> List[List[floa
     return [[s, v] for s in steps if (v := how(episodes, s)) is not None]
 
 
+def _env_steps(run: Path) -> int:
+    """The env steps the run's driver last wrote to its summary (0 before its first)."""
+    try:
+        return int(json.loads((run / "run_summary.json").read_text()).get("env_steps") or 0)
+    except (OSError, ValueError):
+        return 0  # not written yet, or being replaced
+
+
+def _stop_after_first_iteration(proc, run: Path, start_steps: int, name: str) -> Optional[int]:
+    """At the stop time, wait (saying so) until the run has reported an iteration of this
+    segment: a stop before it would leave nothing to resume from. The run's exit code when it
+    ends meanwhile, else None (stop it now)."""
+    said = False
+    while _env_steps(run) <= start_steps:
+        if not said:
+            print(f"== {name}: no iteration yet; waiting for the first before stopping", flush=True)
+            said = True
+        try:
+            return proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            pass
+    return None
+
+
 def train_one(
     algo: str,
     task: str,
@@ -156,13 +181,16 @@ def train_one(
     before = {"machine": machine_info(), "busy": busy_processes()}
     t0 = time.time()
     with open(RUNS / f"{name}.log", "a" if resume else "w") as log:
+        start_steps = _env_steps(run)
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         try:
             rc = proc.wait(timeout=None if stop_after_min is None else 60 * stop_after_min)
         except subprocess.TimeoutExpired:
-            print(f"== {name}: stopping after {stop_after_min} min (SIGTERM)", flush=True)
-            proc.send_signal(signal.SIGTERM)  # a graceful stop: the final checkpoint
-            rc = proc.wait()
+            rc = _stop_after_first_iteration(proc, run, start_steps, name)
+            if rc is None:
+                print(f"== {name}: stopping after {stop_after_min} min (SIGTERM)", flush=True)
+                proc.send_signal(signal.SIGTERM)  # a graceful stop: the final checkpoint
+                rc = proc.wait()
     wall = time.time() - t0
     summary = json.loads((run / "run_summary.json").read_text())
     segments = earlier + [

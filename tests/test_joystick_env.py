@@ -593,7 +593,53 @@ def test_a_push_curriculum_scales_the_kicks_and_draws_the_same_schedule():
 
     for task in ("go2_joystick_flat", "microduck_joystick"):  # evaluation runs the defaults
         only = TASKS[task].training_only_options()
-        assert only == {"push_curriculum_steps": 0, "push_scale_start": 0.0, "push_scale_end": 1.0}
+        assert only == {
+            "push_curriculum_steps": 0,
+            "push_scale_start": 0.0,
+            "push_scale_end": 1.0,
+            "train_push_vel": None,
+        }
+
+
+def test_train_push_vel_pushes_in_training_and_evaluation_runs_the_task_without():
+    """env.train_push_vel pushes a task without pushes (Go2) in training: the same kicks as the
+    task's own push_vel of that speed would give, on the same steps; evaluation's env options
+    unset it, so the evaluated Go2 is never pushed. A bad value is one line."""
+    from raylab.algorithms.build import env_options
+    from raylab.config import compose
+
+    kw = dict(num_envs=2, push_interval_s=[0.1, 0.1], info_mode="full")
+
+    def kicks(**opts):
+        env = Go2JoystickFlatVecEnv(**kw, **opts)
+        env.reset(seed=0)
+        out = []
+        for _ in range(10):
+            *_, info = env.step(np.zeros((2, 12)))
+            out.append((info["pushed"].copy(), env.kick.copy()))
+        env.close()
+        return out
+
+    own, trained = kicks(push_vel=0.7), kicks(train_push_vel=0.7)
+    assert any(p.any() for p, _ in trained)
+    for (p, k), (p_t, k_t) in zip(own, trained):
+        assert np.array_equal(p, p_t) and np.array_equal(k[p], k_t[p])
+    assert not any(p.any() for p, _ in kicks(push_vel=0.7, train_push_vel=0.0))
+    cfg = compose(
+        "ppo",
+        "go2_joystick_flat",
+        overrides=["env.train_push_vel=0.5", "env.push_interval_s=[0.1,0.1]"],
+    )
+    assert env_options(cfg)["train_push_vel"] == 0.5
+    assert env_options(cfg, evaluation=True)["train_push_vel"] is None
+    for evaluation, pushes in ((False, True), (True, False)):
+        opts = {**env_options(cfg, evaluation=evaluation), "num_envs": 2, "info_mode": "full"}
+        env = Go2JoystickFlatVecEnv(**opts)
+        env.reset(seed=0)
+        assert any(env.step(np.zeros((2, 12)))[4]["pushed"].any() for _ in range(10)) == pushes
+        env.close()
+    with pytest.raises(ValueError, match=r"train_push_vel=-1.0 is invalid; it must be null or"):
+        Go2JoystickFlatVecEnv(num_envs=1, train_push_vel=-1.0)
 
 
 def _hold_pose_errors(gym_id="raylab/Go2JoystickFlat-v0", options=None, episodes=3, seed=0):

@@ -235,7 +235,10 @@ def test_a_healthy_soak_passes(tmp_path, cli, head):
     classes = {x["class"] for x in last["actors"].values()}
     assert any("EnvRunner" in c for c in classes), classes
     assert all(x["rss_mb_last"] > 10 for x in last["actors"].values() if x.get("rss_mb_last"))
-    assert last["object_store_mb"] is not None and last["restarts"] == 0
+    assert last["object_store_mb"] is not None
+    # Which actor restarted, and the run's log, if one did (seen once in a clean clone).
+    restarted = {n: x for n, x in last["actors"].items() if x.get("restarts")}
+    assert last["restarts"] == 0, (restarted, output[-3000:])
     assert "soak passed" in output
     r = cli("soak", "--check", str(soak.run_dir / "soak.json"))
     assert r.returncode == 0 and "passed" in r.stdout

@@ -428,25 +428,33 @@ def reset_state(env, env_ids):
     env.touchdown[env_ids] = False
 
 
+def push_speed(opts) -> float:
+    """The push speed of these options: ``train_push_vel`` when set (training only; evaluation
+    builds its env with it unset), else the task's ``push_vel``."""
+    return float(opts.push_vel if opts.train_push_vel is None else opts.train_push_vel)
+
+
 def reset_push_timer(env, env_ids):
     """Control steps until the first push (only drawn when pushes are on)."""
-    if env.opts.push_vel > 0:
+    if push_speed(env.opts) > 0:
         for i in env_ids:
             env.push_countdown[i] = env.draw_push_interval(env.rngs[i])
 
 
 def interval_push(env, env_ids=None):
-    """Every push_interval_s (drawn per push) add uniform(+/- push_vel) to the trunk's vx, vy,
-    times the training push curriculum's factor (1 by default and in evaluation; the draws are
-    the same whatever the factor, and a factor of 0 pushes nobody)."""
+    """Every push_interval_s (drawn per push) add uniform(+/- the push speed: push_vel, or
+    train_push_vel in training) to the trunk's vx, vy, times the training push curriculum's
+    factor (1 by default and in evaluation; the draws are the same whatever the factor, and a
+    factor of 0 pushes nobody)."""
     env.kick_mask[:] = False
-    if env.opts.push_vel <= 0:
+    speed = push_speed(env.opts)
+    if speed <= 0:
         return
     factor = env.opts.push_scale(env.env_steps)
     env.push_countdown[env.stepping] -= 1
     for i in np.flatnonzero(env.stepping & (env.push_countdown <= 0)):
         rng = env.rngs[i]
-        kick = rng.uniform(-env.opts.push_vel, env.opts.push_vel, size=2)
+        kick = rng.uniform(-speed, speed, size=2)
         env.kick[i] = kick if factor == 1.0 else kick * factor
         env.kick_mask[i] = factor > 0.0
         env.push_countdown[i] = env.draw_push_interval(rng)
@@ -528,6 +536,12 @@ class JoystickConfig(PushCurriculum, BatchedEnvConfig):
     push_interval_s: List[float] = option_range(
         5.0, 10.0, "time between pushes, drawn per push (s)"
     )
+    train_push_vel: Optional[float] = option(
+        None,
+        "training only: the push speed (m/s) in place of push_vel while training, e.g. pushes "
+        "for robustness on a task that has none (null: push_vel); evaluation pushes with push_vel",
+        training_only=True,
+    )
     domain_randomization: bool = option(
         False, "randomise floor friction, masses, kp and kd per episode"
     )
@@ -589,6 +603,10 @@ def check_joystick_options(o) -> None:
         v = float(getattr(o, name))
         if not math.isfinite(v) or v < 0:
             bad(f"{name}={v} is invalid; it must be finite and >= 0")
+    if o.train_push_vel is not None:
+        v = float(o.train_push_vel)
+        if not math.isfinite(v) or v < 0:
+            bad(f"train_push_vel={v} is invalid; it must be null or finite and >= 0")
     for name in ("swing_height", "tracking_sigma_lin", "tracking_sigma_ang", "reference_sigma"):
         v = float(getattr(o, name))
         if not math.isfinite(v) or v <= 0:

@@ -560,21 +560,26 @@ def test_pushes_kick_the_trunk_on_schedule():
     env.close(), off.close()
 
 
+def _go2_kicks(**opts):
+    """(pushed, kick) of 10 steps of two Go2s pushed every step they can be (0.1-s intervals),
+    and the env steps counted."""
+    env = Go2JoystickFlatVecEnv(num_envs=2, push_interval_s=[0.1, 0.1], info_mode="full", **opts)
+    env.reset(seed=0)
+    out = []
+    for _ in range(10):
+        *_, info = env.step(np.zeros((2, 12)))
+        out.append((info["pushed"].copy(), env.kick.copy()))
+    steps = env.env_steps
+    env.close()
+    return out, steps
+
+
 def test_a_push_curriculum_scales_the_kicks_and_draws_the_same_schedule():
     """Training only: the kicks are the task's draws times the curriculum's factor (0: nobody
     is pushed), on the same steps; the factor follows the env steps of all envs."""
-    kw = dict(num_envs=2, push_vel=1.0, push_interval_s=[0.1, 0.1], info_mode="full")
 
     def kicks(**opts):
-        env = Go2JoystickFlatVecEnv(**kw, **opts)
-        env.reset(seed=0)
-        out = []
-        for _ in range(10):
-            *_, info = env.step(np.zeros((2, 12)))
-            out.append((info["pushed"].copy(), env.kick.copy()))
-        steps = env.env_steps
-        env.close()
-        return out, steps
+        return _go2_kicks(push_vel=1.0, **opts)
 
     task, steps = kicks()
     assert steps == 20
@@ -608,17 +613,8 @@ def test_train_push_vel_pushes_in_training_and_evaluation_runs_the_task_without(
     from raylab.algorithms.build import env_options
     from raylab.config import compose
 
-    kw = dict(num_envs=2, push_interval_s=[0.1, 0.1], info_mode="full")
-
     def kicks(**opts):
-        env = Go2JoystickFlatVecEnv(**kw, **opts)
-        env.reset(seed=0)
-        out = []
-        for _ in range(10):
-            *_, info = env.step(np.zeros((2, 12)))
-            out.append((info["pushed"].copy(), env.kick.copy()))
-        env.close()
-        return out
+        return _go2_kicks(**opts)[0]
 
     own, trained = kicks(push_vel=0.7), kicks(train_push_vel=0.7)
     assert any(p.any() for p, _ in trained)

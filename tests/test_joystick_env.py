@@ -189,6 +189,14 @@ def test_tasks_compose_for_every_algorithm():
             {"rew_gait_reference": 1.0},
             r"rew_gait_reference=1.0 needs a reference gait, which go2_joystick_flat does not have",
         ),
+        (
+            {"residual_reference": True},
+            r"residual_reference=true needs a reference gait, which go2_joystick_flat does not",
+        ),
+        (
+            {"gait_freq_hz": 0.0, "rew_feet_swing_height": 0.0, "residual_reference": True},
+            r"residual_reference=true needs the gait clock",
+        ),
         ({"episode_steps": 0}, r"episode_steps=0 is invalid"),
         ({"num_threads": 0}, r"num_threads=0 is invalid"),
     ],
@@ -792,3 +800,38 @@ def test_the_gait_reference_term_is_one_on_the_reference_and_needs_the_clock():
     with pytest.raises(ValueError, match=r"reference_lift=0.1 is invalid; valid range: 0.0..0.02"):
         MicroduckJoystickVecEnv(num_envs=1, reference_lift=0.1)
     assert MicroduckJoystickConfig.rew_gait_reference == 0  # an option, off by default
+
+
+def test_residual_actions_are_offsets_from_the_reference_gait_at_the_observed_clock():
+    """residual_reference: servo target = the reference at the phase and command the last
+    observation showed + action_scale * action; off (the default), the default pose + the same."""
+    kw = dict(num_envs=3, gait_freq_hz=2.5, push_vel=0.0, command_zero_prob=0.0)
+    kw.update(lin_vel_x=[0.3, 0.3], lin_vel_y=[0, 0], ang_vel_yaw=[0.5, 0.5])
+    res, plain = (
+        MicroduckJoystickVecEnv(**kw, residual_reference=True),
+        MicroduckJoystickVecEnv(**kw),
+    )
+    for env in (res, plain):
+        env.reset(seed=0)
+    act = np.random.default_rng(0).uniform(-1, 1, (3, 14))
+    targets = []
+    for t in range(30):
+        a = act * (t % 3 - 1)  # zero, negative and positive offsets
+        phase = res.foot_phase.copy()
+        ref = gait_reference(res)
+        assert res.moving.all() and not np.allclose(ref, res.default)
+        res.step(a)
+        plain.step(a)
+        scale = res.opts.action_scale
+        ctrl = res.ctrl[:, res.robot.act_ids]
+        np.testing.assert_allclose(ctrl, np.clip(ref + scale * a, res.robot.lower, res.robot.upper))
+        np.testing.assert_allclose(
+            plain.ctrl[:, plain.robot.act_ids],
+            np.clip(plain.default + scale * a, plain.robot.lower, plain.robot.upper),
+        )
+        assert not np.allclose(res.foot_phase, phase)  # the clock moved on: a new reference
+        targets.append(ctrl.copy())
+    assert np.ptp(np.array(targets)[0::3], axis=0).max() > 0.1  # zero actions walk the reference
+    for env in (res, plain):
+        env.close()
+    assert MicroduckJoystickConfig.residual_reference is False  # an option, off by default

@@ -573,6 +573,12 @@ class JoystickConfig(PushCurriculum, BatchedEnvConfig):
     rew_gait_reference: float = option(
         0.0, "reward weight: joints follow the task's reference gait (needs the gait clock)"
     )
+    residual_reference: bool = option(
+        False,
+        "actions are offsets from the task's reference gait instead of the default pose: servo "
+        "target = reference + action_scale * action (needs the gait clock and a task with a "
+        "reference gait)",
+    )
     rew_foot_clearance: float = option(0.0, "reward weight: feet moving below the swing height")
     rew_foot_slip: float = option(-0.1, "reward weight: squared speed of the feet in contact")
     rew_termination: float = option(0.0, "reward weight: 1 on the step the robot falls")
@@ -622,6 +628,8 @@ def check_joystick_options(o) -> None:
     for name in ("rew_feet_swing_height", "rew_feet_contact_clock", "rew_gait_reference"):
         if o.gait_freq_hz == 0 and getattr(o, name) != 0:
             bad(f"{name} needs the gait clock; set gait_freq_hz > 0 or the weight to 0")
+    if o.residual_reference and o.gait_freq_hz == 0:
+        bad("residual_reference=true needs the gait clock; set gait_freq_hz > 0")
     o.check_push_curriculum()
 
 
@@ -671,6 +679,11 @@ class JoystickVecEnv(BatchedVecEnv):
             raise ValueError(
                 f"rew_gait_reference={self.opts.rew_gait_reference} needs a reference gait, which "
                 f"{self.task.name} does not have (microduck_joystick has one); set it to 0"
+            )
+        if self.opts.residual_reference and self.task.gait_reference is None:
+            raise ValueError(
+                f"residual_reference=true needs a reference gait, which {self.task.name} does "
+                "not have (microduck_joystick has one); set it to false"
             )
         proto = self.task.model()
         self.robot = LeggedRobot.of(proto, self.task.actuators, self.task.feet, self.task.key)
@@ -761,8 +774,11 @@ class JoystickVecEnv(BatchedVecEnv):
     def _apply_actions(self, actions: np.ndarray, ids: np.ndarray) -> None:
         self.prev_action[ids] = self.action[ids]
         self.action[ids] = actions[ids]
+        # residual_reference: the offsets are from the reference gait at the clock and command
+        # the observation showed (foot_phase and command are those of the last observation)
+        base = self.task.gait_reference(self) if self.opts.residual_reference else self.default
         target = np.clip(
-            self.default + self.opts.action_scale * self.action, self.robot.lower, self.robot.upper
+            base + self.opts.action_scale * self.action, self.robot.lower, self.robot.upper
         )
         self.ctrl[:, self.robot.act_ids] = target
 

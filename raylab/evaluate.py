@@ -106,6 +106,7 @@ def baseline_scores(
 
     from raylab.algorithms.build import env_options
 
+    cfg = stand_config(cfg)
     options = {k: v for k, v in env_options(cfg, evaluation=True).items() if k != "num_threads"}
     key = json.dumps(
         {
@@ -162,17 +163,29 @@ def pushes(cfg) -> bool:
     return int(cfg.env.get("num_pushes", 0) or 0) > 0
 
 
-def no_push_config(cfg):
-    """The same task and options with nobody pushing (``env.num_pushes=0``)."""
+def _with_env(cfg, **values):
     import copy
 
     from omegaconf import OmegaConf
 
-    quiet = copy.deepcopy(cfg)
-    OmegaConf.set_readonly(quiet, False)
-    quiet.env.num_pushes = 0
-    OmegaConf.set_readonly(quiet, True)
-    return quiet
+    out = copy.deepcopy(cfg)
+    OmegaConf.set_readonly(out, False)
+    for k, v in values.items():
+        out.env[k] = v
+    OmegaConf.set_readonly(out, True)
+    return out
+
+
+def no_push_config(cfg):
+    """The same task and options with nobody pushing (``env.num_pushes=0``)."""
+    return _with_env(cfg, num_pushes=0)
+
+
+def stand_config(cfg):
+    """The options the do-nothing baselines run with: the run's, but a zero action holds the
+    task's stand pose (``env.residual_reference`` off: there a zero action walks the reference
+    gait open loop, which is a policy's starting point, not doing nothing)."""
+    return _with_env(cfg, residual_reference=False) if cfg.env.get("residual_reference") else cfg
 
 
 def headroom(mean_return: float, scores: Dict[str, Dict[str, Any]]) -> Optional[float]:
@@ -473,15 +486,23 @@ def track_error_main(argv=None) -> int:
         space = env.single_action_space
         results: Dict[str, Any] = {}
 
-        def run_one(key: str, name: str, policy: Policy) -> None:
-            stats = run_policy_episodes(policy, env, a.episodes, a.seed)
+        def run_one(key: str, name: str, policy: Policy, on=None) -> None:
+            stats = run_policy_episodes(policy, env if on is None else on, a.episodes, a.seed)
             for per_episode in ("returns", "lengths", "survivals"):
                 stats.pop(per_episode, None)
             results[key] = stats
             print(_track_line(name, stats), flush=True)
 
         try:
-            run_one("hold_default_pose", "hold default pose", hold_pose_policy(space))
+            # with residual actions a zero action walks the reference: hold the pose on an env
+            # with the plain action mapping
+            stand = stand_config(cfg)
+            hold_env = env if stand is cfg else make_eval_env(stand, env.num_envs, usable_cores())
+            try:
+                run_one("hold_default_pose", "hold default pose", hold_pose_policy(space), hold_env)
+            finally:
+                if hold_env is not env:
+                    hold_env.close()
             for c in ckpts:
                 module = load_policy(c)
                 run_one(str(c), c.name, deterministic_policy(module, space))

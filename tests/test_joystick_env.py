@@ -835,3 +835,22 @@ def test_residual_actions_are_offsets_from_the_reference_gait_at_the_observed_cl
     for env in (res, plain):
         env.close()
     assert MicroduckJoystickConfig.residual_reference is False  # an option, off by default
+
+
+def test_the_baselines_of_a_residual_run_hold_the_stand_pose(tmp_path):
+    """With residual actions a zero action walks the reference open loop; the do-nothing
+    baselines (and the headroom / tracking targets judged against them) still hold the pose."""
+    from raylab.evaluate import baseline_scores, make_eval_env
+
+    short = ["env.episode_steps=100", "env.gait_freq_hz=2.5", "env.num_envs=2"]
+    plain = compose("ppo", "microduck_joystick", "mujoco", short)
+    res = compose("ppo", "microduck_joystick", "mujoco", [*short, "env.residual_reference=true"])
+    b_plain = baseline_scores(plain, episodes=4, seed=1000, cache_dir=tmp_path / "a")
+    b_res = baseline_scores(res, episodes=4, seed=1000, cache_dir=tmp_path / "b")
+    assert b_res == b_plain and b_plain["hold_pose"]["survival"] == 1.0
+    env = make_eval_env(res, 4)  # the residual env itself: zero actions fall within 2 s
+    try:
+        walk = run_policy_episodes(hold_pose_policy(env.single_action_space), env, 4, 1000)
+    finally:
+        env.close()
+    assert walk["survival"] < 0.9 and walk["mean_return"] != b_plain["hold_pose"]["mean_return"]

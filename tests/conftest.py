@@ -312,6 +312,41 @@ def pytest_xdist_make_scheduler(config, log):
     return ModuleScheduling(config, log)
 
 
+# ---------------------------------------------------------------------- where the time went
+# The controller (or a run without workers) sums each module's test time and each worker's busy
+# time and prints them at the end: with MODULE_SECONDS above, what a slow suite needs to see
+# (the heaviest modules, and whether one worker ran long after the other had finished).
+_TIMING = {"start": None, "modules": {}, "workers": {}}
+
+
+def pytest_sessionstart(session):
+    import time
+
+    _TIMING["start"] = time.monotonic()
+
+
+def pytest_runtest_logreport(report):
+    import time
+
+    node = getattr(report, "node", None)  # xdist: the worker that ran the test
+    worker = getattr(getattr(node, "gateway", None), "id", "main")
+    module = _scope(report.nodeid.split("::", 1)[0])
+    _TIMING["modules"][module] = _TIMING["modules"].get(module, 0.0) + report.duration
+    busy, _ = _TIMING["workers"].get(worker, (0.0, 0.0))
+    _TIMING["workers"][worker] = (busy + report.duration, time.monotonic() - _TIMING["start"])
+
+
+def pytest_terminal_summary(terminalreporter):
+    if hasattr(terminalreporter.config, "workerinput") or not _TIMING["modules"]:
+        return
+    tr = terminalreporter
+    tr.section("where the time went")
+    for worker, (busy, last) in sorted(_TIMING["workers"].items()):
+        tr.write_line(f"{worker}: busy {busy:,.0f} s, its last test ended at {last:,.0f} s")
+    top = sorted(_TIMING["modules"].items(), key=lambda kv: -kv[1])[:15]
+    tr.write_line("heaviest modules (s): " + ", ".join(f"{m} {t:,.0f}" for m, t in top))
+
+
 # ---------------------------------------------------------------------- the end of the session
 # One full-suite run (599 passed) then died with a segmentation fault in the interpreter's own
 # finalization, after pytest had printed its summary: native threads of the libraries the tests

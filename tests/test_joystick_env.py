@@ -480,6 +480,33 @@ def test_positive_reward_clips_each_step_at_zero():
     clipped.close(), raw.close()
 
 
+def test_fall_penalty_is_paid_in_full_after_the_positive_clip():
+    # The step a robot falls: the other terms clip at 0, the penalty does not vanish with them.
+    rewards = {}
+    for positive in (True, False):
+        env = Go2JoystickFlatVecEnv(num_envs=2, rew_termination=-3.0, positive_reward=positive)
+        env.reset(seed=0)
+        d, m = env.sim.datas[0], env.sim.models[0]
+        d.qpos[3:7] = (np.cos(np.pi / 3), np.sin(np.pi / 3), 0.0, 0.0)  # rolled 120 degrees
+        mujoco.mj_forward(m, d)
+        _, r, te, _, _ = env.step(np.zeros((2, 12)))
+        assert te.tolist() == [True, False]
+        fall = CONTROL_DT * env.rewards.weighted_term("termination")
+        assert fall.tolist() == pytest.approx([-3.0 * CONTROL_DT, 0.0])
+        rewards[positive] = (r, CONTROL_DT * env.rewards.total)
+        env.close()
+    (clipped, total), (raw, raw_total) = rewards[True], rewards[False]
+    rest = total[0] - fall[0]
+    assert clipped[0] == pytest.approx(max(rest, 0.0) + fall[0]) and clipped[0] < 0
+    assert raw[0] == pytest.approx(raw_total[0])
+    assert clipped[1] == pytest.approx(max(total[1], 0.0)) and clipped[1] >= 0
+    # Without the term, the table has none and the clip is as before.
+    env = Go2JoystickFlatVecEnv(num_envs=2)
+    assert "termination" not in env.rewards.names
+    assert env.rewards.weighted_term("termination").tolist() == [0.0, 0.0]
+    env.close()
+
+
 def test_rllib_style_dict_info_to_list_and_pop_log():
     env = DictInfoToList(_vec(GO2, n=3, num_threads=2, episode_steps=20))
     assert env.metadata["autoreset_mode"] == gym.vector.AutoresetMode.NEXT_STEP

@@ -197,6 +197,12 @@ class RewardManager:
         self._count += int(active.sum())
         return self.total
 
+    def weighted_term(self, name: str) -> np.ndarray:
+        """This step's weight x raw of one term, per env; zeros when the table leaves it out."""
+        if name not in self.names:
+            return np.zeros_like(self.total)
+        return self.weighted[self.names.index(name)]
+
     def step_log(self, active: np.ndarray) -> Dict[str, float]:
         """This step's ``reward/<term>``: mean over the active envs of raw x weight."""
         n = int(active.sum())

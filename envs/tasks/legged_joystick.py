@@ -18,7 +18,9 @@ are kernels in (0, 1], maximal at zero error. The reward handed to the learner i
 ``CONTROL_DT x sum(weight x raw)`` (legged_gym / Playground convention, so returns stay
 O(10)), clipped at 0 with ``positive_reward`` (the default; legged_gym's
 only_positive_rewards: a step never pays less than nothing, so ending the episode by falling
-never pays). ``reward/<term>`` logs ``weight x raw`` before the dt scaling and the clip.
+never pays). The ``termination`` term is added after the clip, so a fall penalty
+(``rew_termination`` < 0) is paid in full either way. ``reward/<term>`` logs ``weight x raw``
+before the dt scaling and the clip.
 
 Env state (one row per env; term functions read only these):
 
@@ -581,7 +583,9 @@ class JoystickConfig(PushCurriculum, BatchedEnvConfig):
     )
     rew_foot_clearance: float = option(0.0, "reward weight: feet moving below the swing height")
     rew_foot_slip: float = option(-0.1, "reward weight: squared speed of the feet in contact")
-    rew_termination: float = option(0.0, "reward weight: 1 on the step the robot falls")
+    rew_termination: float = option(
+        0.0, "reward weight: 1 on the step the robot falls (added after positive_reward's clip)"
+    )
 
     def check(self) -> None:
         check_joystick_options(self)
@@ -791,7 +795,10 @@ class JoystickVecEnv(BatchedVecEnv):
         self._update_feet(ids)
         reward = CONTROL_DT * self.rewards.compute(self, active)
         if self.opts.positive_reward:
-            reward = np.maximum(reward, 0.0)
+            # The clip leaves the fall penalty out (legged_gym's order: clip, then add it), so
+            # rew_termination still costs a fall what it says.
+            fall = CONTROL_DT * self.rewards.weighted_term("termination")
+            reward = np.maximum(reward - fall, 0.0) + fall
         terminated, truncated = self.terminations.compute(self, active)
         terminated, truncated = terminated.copy(), truncated.copy()
 

@@ -484,7 +484,7 @@ def test_fall_penalty_is_paid_in_full_after_the_positive_clip():
     # The step a robot falls: the other terms clip at 0, the penalty does not vanish with them.
     rewards = {}
     for positive in (True, False):
-        env = Go2JoystickFlatVecEnv(num_envs=2, rew_termination=-3.0, positive_reward=positive)
+        env = Go2JoystickFlatVecEnv(num_envs=2, rew_termination=-30.0, positive_reward=positive)
         env.reset(seed=0)
         d, m = env.sim.datas[0], env.sim.models[0]
         d.qpos[3:7] = (np.cos(np.pi / 3), np.sin(np.pi / 3), 0.0, 0.0)  # rolled 120 degrees
@@ -492,7 +492,7 @@ def test_fall_penalty_is_paid_in_full_after_the_positive_clip():
         _, r, te, _, _ = env.step(np.zeros((2, 12)))
         assert te.tolist() == [True, False]
         fall = CONTROL_DT * env.rewards.weighted_term("termination")
-        assert fall.tolist() == pytest.approx([-3.0 * CONTROL_DT, 0.0])
+        assert fall.tolist() == pytest.approx([-30.0 * CONTROL_DT, 0.0])
         rewards[positive] = (r, CONTROL_DT * env.rewards.total)
         env.close()
     (clipped, total), (raw, raw_total) = rewards[True], rewards[False]

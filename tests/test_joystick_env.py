@@ -638,6 +638,7 @@ def test_a_push_curriculum_scales_the_kicks_and_draws_the_same_schedule():
             "push_scale_start": 0.0,
             "push_scale_end": 1.0,
             "train_push_vel": None,
+            "train_command_resample_s": None,
         }
 
 
@@ -671,6 +672,36 @@ def test_train_push_vel_pushes_in_training_and_evaluation_runs_the_task_without(
         env.close()
     with pytest.raises(ValueError, match=r"train_push_vel=-1.0 is invalid; it must be null or"):
         Go2JoystickFlatVecEnv(num_envs=1, train_push_vel=-1.0)
+
+
+def test_train_command_resample_s_changes_commands_in_training_only():
+    """env.train_command_resample_s resamples the command on its own schedule in training; the
+    evaluation's env options unset it, so the evaluated task keeps command_resample_s. A bad
+    range is one line."""
+    from raylab.algorithms.build import env_options
+    from raylab.config import compose
+
+    cfg = compose(
+        "ppo",
+        "go2_joystick_flat",
+        overrides=["env.train_command_resample_s=[0.1,0.1]", "env.command_zero_prob=0"],
+    )
+    assert env_options(cfg)["train_command_resample_s"] == [0.1, 0.1]
+    assert env_options(cfg, evaluation=True)["train_command_resample_s"] is None
+    for evaluation, changes in ((False, 4), (True, 0)):  # 0.1 s = 5 steps; the task's 4-8 s
+        opts = {**env_options(cfg, evaluation=evaluation), "num_envs": 2}
+        env = Go2JoystickFlatVecEnv(**opts)
+        env.reset(seed=0)
+        seen = [env.command.copy()]
+        for _ in range(20):
+            env.step(np.zeros((2, 12)))
+            seen.append(env.command.copy())
+        n = [sum(not np.array_equal(a[i], b[i]) for a, b in zip(seen, seen[1:])) for i in (0, 1)]
+        assert n == [changes, changes]
+        env.close()
+    for bad in ([3.0, 1.0], [0.0, 1.0]):
+        with pytest.raises(ValueError, match=r"train_command_resample_s=\[.*\] is invalid"):
+            Go2JoystickFlatVecEnv(num_envs=1, train_command_resample_s=bad)
 
 
 def _hold_pose_errors(gym_id="raylab/Go2JoystickFlat-v0", options=None, episodes=3, seed=0):

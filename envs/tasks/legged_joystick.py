@@ -516,6 +516,12 @@ class JoystickConfig(PushCurriculum, BatchedEnvConfig):
     command_resample_s: List[float] = option_range(
         4.0, 8.0, "a new command after a time drawn uniformly from this range (s)"
     )
+    train_command_resample_s: Optional[List[float]] = option(
+        None,
+        "training only: command_resample_s while training, e.g. [1, 3] for more changes of "
+        "command per episode (null: command_resample_s); evaluation uses command_resample_s",
+        training_only=True,
+    )
     command_zero_prob: float = option(0.1, "share of commands that are zero (stand still)")
     gait_freq_hz: float = option(
         2.0, "gait clock frequency (Hz); 0 turns the clock and its foot-phase observation off"
@@ -600,11 +606,14 @@ def check_joystick_options(o) -> None:
 
     if int(o.episode_steps) < 1:
         bad(f"episode_steps={o.episode_steps} is invalid; it must be >= 1")
-    for name in ("lin_vel_x", "lin_vel_y", "ang_vel_yaw", "command_resample_s", "push_interval_s"):
+    ranges = ["lin_vel_x", "lin_vel_y", "ang_vel_yaw", "command_resample_s", "push_interval_s"]
+    if o.train_command_resample_s is not None:
+        ranges.append("train_command_resample_s")
+    for name in ranges:
         r = list(getattr(o, name))
         if len(r) != 2 or not all(math.isfinite(float(v)) for v in r) or r[0] > r[1]:
             bad(f"{name}={r} is invalid; it must be [low, high] with low <= high")
-    for name in ("command_resample_s", "push_interval_s"):
+    for name in ranges[3:]:
         if float(getattr(o, name)[0]) < CONTROL_DT:
             bad(f"{name}={list(getattr(o, name))} is invalid; both ends must be >= {CONTROL_DT} s")
     if not 0.0 <= float(o.command_zero_prob) <= 1.0:
@@ -715,10 +724,13 @@ class JoystickVecEnv(BatchedVecEnv):
         self.domain: List[Optional[Dict[str, Any]]] = [None] * n
 
         o = self.opts
+        resample = o.command_resample_s
+        if o.train_command_resample_s is not None:  # training only: evaluation leaves it unset
+            resample = o.train_command_resample_s
         velocity = CommandTerm(
             "velocity",
             (tuple(o.lin_vel_x), tuple(o.lin_vel_y), tuple(o.ang_vel_yaw)),
-            resample_steps=(_steps(o.command_resample_s[0]), _steps(o.command_resample_s[1])),
+            resample_steps=(_steps(resample[0]), _steps(resample[1])),
             zero_prob=float(o.command_zero_prob),
         )
         self._init_managers(

@@ -505,6 +505,13 @@ def test_fall_penalty_is_paid_in_full_after_the_positive_clip():
     assert "termination" not in env.rewards.names
     assert env.rewards.weighted_term("termination").tolist() == [0.0, 0.0]
     env.close()
+    # Go2's PPO trains and evaluates with the penalty by default (the task table); the others not.
+    from raylab.algorithms.build import env_options
+
+    for algo, weight in (("ppo", -200.0), ("appo", 0.0), ("sac", 0.0)):
+        cfg = compose(algo, "go2_joystick_flat")
+        for evaluation in (False, True):
+            assert env_options(cfg, evaluation=evaluation)["rew_termination"] == weight
 
 
 def test_rllib_style_dict_info_to_list_and_pop_log():

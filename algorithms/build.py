@@ -194,6 +194,7 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
     config.raylab_eval_every = int(cfg.training.eval_every)
     config.raylab_episode_log = bool(cfg.training.episode_log)
     config.raylab_eval_seed = int(cfg.training.eval_seed)
+    config.raylab_noise_correlation = float(cfg.algo.get("noise_correlation") or 0.0)
     return config
 
 

@@ -148,6 +148,7 @@ class RaylabFastEnvRunner(RaylabEnvRunner):
             policy,
             self.module.get_exploration_action_dist_cls(),
             min_transitions=max(1, int(num_timesteps)),
+            noise_correlation=float(getattr(self.config, "raylab_noise_correlation", 0.0)),
         )
         steps = frag.num_steps
         t_extract = time.perf_counter()

@@ -6,7 +6,9 @@ envs that Python costs more than the policy itself. :class:`RolloutLoop` does pe
 what the step needs:
 
 1. one torch forward of the module on the whole (N, obs) batch, one sample (and log-prob) from
-   its action distribution;
+   its action distribution (with ``noise_correlation`` > 0, a diagonal Gaussian's sample is
+   mean + std x a per-env noise that follows an AR(1) process over the episode's steps:
+   ``algo.noise_correlation``, :func:`correlated_noise`);
 2. the env's actions on the whole batch, exactly as RLlib's ``NormalizeAndClipActions`` makes
    them: ``low + (a + 1) * (high - low) / 2``, clipped to the bounds;
 3. one ``env.step``; its outputs are written into preallocated (T, N, ...) arrays.
@@ -23,6 +25,7 @@ transitions for the learner's replay).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
@@ -95,12 +98,14 @@ class RolloutLoop:
         self.prev_done = np.zeros(self.num_envs, dtype=bool)  # reset by the next step
         self.ep_return = np.zeros(self.num_envs, dtype=np.float64)
         self.ep_len = np.zeros(self.num_envs, dtype=np.int64)
+        self.noise: Optional[torch.Tensor] = None  # (N, act) exploration noise (correlated)
 
     def reset(self, seed: Optional[int] = None) -> None:
         self.obs, _ = self.env.reset(seed=seed)
         self.prev_done[:] = False
         self.ep_return[:] = 0.0
         self.ep_len[:] = 0
+        self.noise = None
 
     @property
     def needs_reset(self) -> bool:
@@ -116,11 +121,14 @@ class RolloutLoop:
         with_logp: bool = True,
         random_action: Optional[Callable[[int], np.ndarray]] = None,
         random_steps: int = 0,
+        noise_correlation: float = 0.0,
     ) -> Fragment:
         """Run ``steps`` vector steps, or as many as it takes to collect ``min_transitions``
         transitions (whole vector steps, as RLlib's loop counts them). The first
         ``random_steps`` steps act with ``random_action(n)`` instead of the policy (SAC's
-        warm-up); with ``policy=None`` every step does."""
+        warm-up); with ``policy=None`` every step does. ``noise_correlation`` (in [0, 1)):
+        the correlation of a Gaussian policy's exploration noise from one step to the next
+        (0: RLlib's independent draws)."""
         if self.obs is None:
             raise RuntimeError("RolloutLoop.run before reset")
         if (steps is None) == (min_transitions is None):
@@ -145,7 +153,13 @@ class RolloutLoop:
                     out = policy({Columns.OBS: torch.from_numpy(obs_t)})
                     inputs = out[Columns.ACTION_DIST_INPUTS]
                     dist = dist_cls.from_logits(inputs)
-                    a = dist.sample()
+                    if noise_correlation > 0.0:
+                        self.noise = correlated_noise(
+                            self.noise, self.prev_done, noise_correlation, inputs.shape[-1] // 2
+                        )
+                        a = gaussian_sample(dist, self.noise)
+                    else:
+                        a = dist.sample()
                     buf.actions[t] = a.numpy()
                     if with_logp:
                         buf.logp[t] = dist.logp(a).numpy()
@@ -203,6 +217,36 @@ class RolloutLoop:
         return Fragment(
             obs, actions, logp, dist_inputs, rewards, terminated, truncated, valid, finished
         )
+
+
+def correlated_noise(
+    prev: Optional[torch.Tensor], new_episode: np.ndarray, rho: float, dim: int
+) -> torch.Tensor:
+    """The next step's exploration noise of N envs: ``rho * prev + sqrt(1 - rho^2) * z``
+    with z standard normal (torch's generator, like RLlib's own sampling), so every step's noise
+    is standard normal and neighbouring steps correlate by ``rho`` (about 1 / (1 - rho) steps
+    of memory). A fresh draw where ``new_episode`` (the env resets on this step) and when there
+    is no previous noise."""
+    z = torch.randn(len(new_episode), dim)
+    if prev is None:
+        return z
+    out = rho * prev + math.sqrt(1.0 - rho * rho) * z
+    fresh = torch.from_numpy(np.asarray(new_episode, dtype=bool))
+    out[fresh] = z[fresh]
+    return out
+
+
+def gaussian_sample(dist, noise: torch.Tensor) -> torch.Tensor:
+    """mean + std x noise for RLlib's diagonal Gaussian ``dist``: a sample of the same marginal
+    distribution as ``dist.sample()``, so ``dist.logp`` of it is the density PPO's and APPO's
+    ratios use."""
+    normal = getattr(dist, "_dist", None)
+    if not isinstance(normal, torch.distributions.Normal):
+        raise TypeError(
+            f"algo.noise_correlation needs a diagonal Gaussian policy; this one is "
+            f"{type(dist).__name__}"
+        )
+    return normal.loc + normal.scale * noise
 
 
 class _Buffers:

@@ -203,6 +203,13 @@ class OnPolicyConfig(AlgoConfig):
         "env steps or, when set, training.time_budget_s seconds, whichever comes first; the "
         "exploration noise shrinks late in training (null: the bound stays constant)",
     )
+    noise_correlation: float = option(
+        0.0,
+        "correlation in [0, 1) of the exploration noise from one step to the next: each env's "
+        "Gaussian noise follows an AR(1) process over its episode (0.9: about 10 steps of "
+        "memory), so exploration moves the servos in smooth strokes instead of a jitter they "
+        "filter out; 0: independent draws, RLlib's (raylab's rollout loop, Box actions)",
+    )
     scale_rewards: bool = option(
         False,
         "divide the rewards the learner trains on by the running std of the discounted return "
@@ -598,6 +605,22 @@ def _check_unsupported(cfg: DictConfig, spec: TaskSpec) -> None:
             f"algo.final_max_log_std={cfg.algo.final_max_log_std} needs a starting bound: set "
             "algo.max_log_std too (the bound moves from it to final_max_log_std)"
         )
+    rho = cfg.algo.get("noise_correlation")
+    if rho is not None and not 0.0 <= float(rho) < 1.0:
+        raise UserError(f"bad value algo.noise_correlation={rho}: a number in [0, 1)")
+    if rho and cfg.training.fast_sampler is False:
+        raise UserError(
+            f"algo.noise_correlation={rho} needs raylab's rollout loop, which "
+            "training.fast_sampler=false turns off: use training.fast_sampler=null"
+        )
+    if rho and cfg.task not in TASKS:
+        from raylab.algorithms.build import continuous_actions
+
+        if not continuous_actions(cfg):
+            raise UserError(
+                f"algo.noise_correlation={rho} needs a Gaussian policy (Box actions); "
+                f"'{cfg.task}' has discrete ones: drop it"
+            )
     if cfg.training.stop_eval_reward is not None and int(cfg.training.eval_every) <= 0:
         raise UserError(
             f"training.stop_eval_reward={cfg.training.stop_eval_reward} does nothing with "

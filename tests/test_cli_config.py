@@ -326,6 +326,11 @@ NO_RAY_REFUSALS = [
         ["training.stop_eval_reward=300", "training.eval_every=0"],
     ),
     (["algo.final_max_log_std=-2"], ["algo.final_max_log_std=-2.0", "algo.max_log_std"]),
+    (["algo.noise_correlation=1"], ["algo.noise_correlation=1.0", "[0, 1)"]),
+    (
+        ["algo.noise_correlation=0.9", "training.fast_sampler=false"],
+        ["algo.noise_correlation=0.9", "training.fast_sampler=false"],
+    ),
 ]
 
 

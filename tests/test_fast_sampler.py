@@ -14,7 +14,7 @@ from ray.rllib.core.columns import Columns
 
 from raylab.algorithms.build import build_algorithm_config, physics_threads, use_fast_sampler
 from raylab.algorithms.env_runner import RaylabEnvRunner, RaylabFastEnvRunner
-from raylab.algorithms.rollout import RolloutLoop, env_actions
+from raylab.algorithms.rollout import RolloutLoop, correlated_noise, env_actions
 from raylab.config import compose
 from raylab.envs.core.backend import MAX_THREADS
 from raylab.envs.tasks.microduck_balance import MicroduckBalanceVecEnv
@@ -108,6 +108,54 @@ def test_fast_path_logs_the_same_episode_metrics_and_collector_phases():
         assert merged[f"collector/{tag}"] > 0, tag
     assert merged[f"collector/{S.EPISODE_TIMEOUT_RATE}"] == 1.0
     fast.stop(), stock.stop()
+
+
+def _lag1(z: np.ndarray) -> float:
+    """Correlation of neighbouring rows of z (steps x entries)."""
+    return float(np.corrcoef(z[:-1].ravel(), z[1:].ravel())[0, 1])
+
+
+def test_correlated_noise_is_standard_normal_each_step_and_restarts_with_the_episode():
+    torch.manual_seed(0)
+    n, steps, rho = 256, 400, 0.9
+    noise, rows = None, []
+    for t in range(steps):
+        new = np.zeros(n, dtype=bool)
+        new[: n // 2] = t == 200  # half the envs start a new episode at step 200
+        noise = correlated_noise(noise, new, rho, 3)
+        rows.append(noise.numpy().copy())
+    z = np.stack(rows)  # (steps, n, 3)
+    assert z[1:].std() == pytest.approx(1.0, abs=0.02)  # every step's marginal: N(0, 1)
+    assert _lag1(z[:, n // 2 :]) == pytest.approx(rho, abs=0.01)
+    # Across the new episode's first step the noise starts over: no correlation there.
+    across = np.corrcoef(z[199, : n // 2].ravel(), z[200, : n // 2].ravel())[0, 1]
+    assert abs(across) < 0.15
+    assert abs(_lag1(correlated_noise(None, np.zeros(4096, bool), rho, 2).numpy())) < 0.05
+
+
+@pytest.mark.parametrize("rho", [0.0, 0.9])
+def test_noise_correlation_option_smooths_the_fast_loops_exploration(rho):
+    cfg = compose("appo", "microduck_balance", overrides=SHORT + [f"algo.noise_correlation={rho}"])
+    config = build_algorithm_config(cfg).env_runners(rollout_fragment_length=32)
+    runner = RaylabFastEnvRunner(config=config, worker_index=1)
+    torch.manual_seed(0)
+    zs = []
+    for episode in runner.sample(num_timesteps=4 * 50):
+        inputs = np.asarray(episode.get_extra_model_outputs(Columns.ACTION_DIST_INPUTS))
+        mean, log_std = np.split(inputs, 2, axis=-1)
+        actions = np.asarray(episode.get_actions())
+        zs.append((actions - mean) / np.exp(log_std))  # the noise each action was drawn with
+        # The stored log-prob is the policy's Gaussian density of the action taken, what
+        # APPO's importance ratio divides by.
+        dist = torch.distributions.Normal(torch.tensor(mean), torch.tensor(np.exp(log_std)))
+        logp = dist.log_prob(torch.tensor(actions)).sum(-1).numpy()
+        np.testing.assert_allclose(
+            episode.get_extra_model_outputs(Columns.ACTION_LOGP), logp, rtol=1e-4, atol=1e-4
+        )
+    lag1 = np.mean([_lag1(z) for z in zs])
+    assert np.concatenate(zs).std() == pytest.approx(1.0, abs=0.1)
+    assert lag1 == pytest.approx(rho, abs=0.1)
+    runner.stop()
 
 
 def test_rllib_loop_calls_in_between_make_the_fast_loop_start_over():

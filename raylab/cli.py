@@ -399,13 +399,14 @@ def entry() -> None:
     import os
     import threading
 
+    from raylab.quiet import flush_std_streams, whole_lines
+
+    whole_lines()  # Ray's log thread and raylab print to the same streams
     code = main()
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()
     atexit._run_exitfuncs()
-    from raylab.quiet import flush_std_streams
-
     flush_std_streams()
     os._exit(code)
 

@@ -17,6 +17,10 @@ silenced or routed, and a real problem still reaches the user as one line.
   or stopped. In raylab's worker processes SIGTERM ends the process at once, after flushing
   its output, as SIGKILL would without the traceback. The driver keeps its own handler (a
   graceful stop, ``raylab.reporting.StopRequest``).
+- Whole lines at the driver (:class:`WholeLines`, installed by the ``raylab`` console script):
+  Ray's log thread prints its workers' lines to the driver's stderr while raylab prints its
+  own, and ``print`` writes a line's text and its newline in two calls, so two threads could
+  splice their lines into one (raylab's failure line with a worker's log glued to its end).
 - One line of Ray's own, at the driver (:data:`RAY_SKIP_LINES`, through Ray's documented
   ``RAY_DEDUP_LOGS_SKIP_REGEX``, set in ``raylab/__init__.py`` before Ray is imported).
 """
@@ -85,9 +89,59 @@ def flush_std_streams() -> None:
     """Flush stdout and stderr, ignoring a closed or broken stream (before ``os._exit``)."""
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            stream.flush_all() if isinstance(stream, WholeLines) else stream.flush()
         except Exception:
             pass
+
+
+class WholeLines:
+    """A text stream that passes each thread's output on a whole line at a time: what a
+    thread writes is held until its newline (or its ``flush``), then written in one call under
+    a lock, so lines printed by two threads never splice. Everything else (``isatty``,
+    ``fileno``, ``encoding``) is the wrapped stream's."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self._lock = threading.RLock()  # a signal handler may print in the middle of a write
+        self._pending: dict = {}  # thread id -> its text after its last newline
+
+    def write(self, text: str) -> int:
+        tid = threading.get_ident()
+        with self._lock:
+            held = self._pending.pop(tid, "") + text
+            cut = held.rfind("\n") + 1
+            if cut:
+                self.stream.write(held[:cut])
+            if cut < len(held):
+                self._pending[tid] = held[cut:]
+        return len(text)
+
+    def flush(self) -> None:
+        """Write this thread's unfinished line (a prompt, a progress bar), then flush."""
+        with self._lock:
+            held = self._pending.pop(threading.get_ident(), "")
+            if held:
+                self.stream.write(held)
+        self.stream.flush()
+
+    def flush_all(self) -> None:
+        """Write every thread's unfinished line, then flush (at exit)."""
+        with self._lock:
+            for held in self._pending.values():
+                self.stream.write(held)
+            self._pending.clear()
+        self.stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def whole_lines() -> None:
+    """Wrap this process's stdout and stderr in :class:`WholeLines` (once)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, WholeLines):
+            setattr(sys, name, WholeLines(stream))
 
 
 def quiet_worker() -> None:

@@ -634,8 +634,42 @@ class _TimedCircularBuffer(CircularBuffer):
             return super().get(block=block, timeout=timeout)
 
 
+# The behaviour log-probability given to the step RLlib appends to every episode chunk (see
+# weightless_phantom_steps): exp(logp - PHANTOM_LOGP) is 0 in float32 for any real logp.
+PHANTOM_LOGP = 1.0e4
+
+
+def weightless_phantom_steps(batch: Dict[str, Any]) -> Dict[str, Any]:
+    """APPO's batch with V-trace's importance weight 0 on the step RLlib appends to every
+    episode chunk (``AddOneTsToEpisodesAndTruncate``; ``LOSS_MASK`` False there).
+
+    That step holds the chunk's last observation so that its value can bootstrap the chunk's
+    last real step. RLlib 2.60's APPO loss gives it discount 0 and reward 0 but a full weight,
+    so its V-trace error is ``0 - V(s_T)``, and the recursion adds ``gamma * c * (-V(s_T))`` to
+    the last real step's target: ``r + gamma V(s_T) - gamma V(s_T) = r``. Every chunk's end
+    (each rollout fragment's, 32 env steps by default) then counts as a terminal state, and
+    the policy only sees the rewards up to the end of its fragment. With weight 0 the phantom
+    step's error is 0, its target is its own value, and the last real step bootstraps from
+    ``V(s_T)`` as GAE does in PPO. The step stays out of every loss (its ``LOSS_MASK``)."""
+    import torch
+
+    mask = batch.get(Columns.LOSS_MASK)
+    if mask is None or Columns.ACTION_LOGP not in batch:
+        return batch
+    logp = batch[Columns.ACTION_LOGP]
+    return {**batch, Columns.ACTION_LOGP: torch.where(mask.bool(), logp, PHANTOM_LOGP)}
+
+
 class RaylabAPPOLearner(_TimedLearnerMixin, APPOTorchLearner):
     _main_phases = S.LEARNER_MAIN_PHASES["appo"]
+
+    def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
+        return super().compute_loss_for_module(
+            module_id=module_id,
+            config=config,
+            batch=weightless_phantom_steps(batch),
+            fwd_out=fwd_out,
+        )
 
     def build(self) -> None:
         # APPOLearner.build, with the timed buffer in place of RLlib's CircularBuffer. RLlib

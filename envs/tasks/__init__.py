@@ -327,7 +327,13 @@ register_task(
         # buys 3x the env steps for the same updates: 45 minutes took 0.48-0.52 of the headroom
         # (survival 0.71, 610k env steps) against 0.38 at one update per step with 8 envs
         # (200k; benchmarks/learning/x_sac_utd025_45min.json, sac_microduck_balance_s0.json).
-        algo_defaults={"sac": {"updates_per_step": 0.25}},
+        # APPO: rewards scaled by the running return's std. Since APPO bootstraps at each
+        # fragment's end (docs/training.md) its value targets are the whole discounted return
+        # (about 150), whose value gradient swamped the policy's under the clip at 1.0: a
+        # 3-minute run ended at 238.9 (headroom -0.30) without the scaling, 333.3 (0.17) with
+        # it; 1.1 M env steps 318 against 355 (benchmarks/learning/
+        # appo_microduck_balance_3min_bootfix*_s0.json, appo_microduck_balance_bootfix*_s0.json).
+        algo_defaults={"sac": {"updates_per_step": 0.25}, "appo": {"scale_rewards": True}},
         env_defaults={**ROBOT_ENV_DEFAULTS, "sac": {"num_envs": 32}},
     )
 )

@@ -150,6 +150,9 @@ def build_algorithm_config(cfg: DictConfig, num_gpus_per_learner: float = 0.0):
             "orthogonal": bool(algo.get("orthogonal_init", False)),
         }
         learner_extras["adam_eps"] = float(algo.adam_eps)
+        if algo.lr_schedule == "adaptive_kl":
+            kl = algo.get("lr_kl_target")
+            learner_extras["lr_kl_target"] = DEFAULT_LR_KL_TARGET if kl is None else float(kl)
     if algo.name == "ppo":
         learner_extras["update_threads"] = algo.learner_threads
     fast = use_fast_sampler(cfg)
@@ -290,9 +293,14 @@ def evaluation_options(cfg: DictConfig, runner_cls) -> Dict[str, Any]:
     )
 
 
+# algo.lr_schedule=adaptive_kl: the KL per minibatch it aims at when algo.lr_kl_target is null.
+DEFAULT_LR_KL_TARGET = 0.01
+
+
 def learning_rate(cfg: DictConfig):
     """``algo.lr``, or with ``algo.lr_schedule=linear`` RLlib's piecewise-linear schedule from
-    it down to 0 at ``training.total_steps`` (env steps sampled)."""
+    it down to 0 at ``training.total_steps`` (env steps sampled). With ``adaptive_kl`` the
+    learner moves the rate from ``algo.lr`` on (``learners.adapt_lr_to_kl``)."""
     a = cfg.algo
     if a.lr_schedule == "linear":
         return [[0, float(a.lr)], [int(cfg.training.total_steps), 0.0]]

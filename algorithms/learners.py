@@ -220,7 +220,26 @@ class _TimedLearnerMixin:
                 self._learning_spans.append((self._segment_t0, t0, self._segment_c0, c0))
                 self._segment_t0, self._segment_c0 = now, time.thread_time()
 
+    def _adapt_lr_to_kl(self, module_id: str, batch: Dict[str, Any], fwd_out) -> None:
+        """``algo.lr_schedule=adaptive_kl``: before this minibatch's optimizer step, move the
+        module's learning rate by the KL of its current policy from the policy that sampled
+        the minibatch (:func:`adapted_lr`). No-op for the other schedules."""
+        target = (self.config.learner_config_dict or {}).get("lr_kl_target")
+        if target is None:
+            return
+        if Columns.ACTION_DIST_INPUTS not in batch:
+            raise RuntimeError(
+                "algo.lr_schedule=adaptive_kl needs the sampling policy's distribution inputs "
+                "in the train batch (ACTION_DIST_INPUTS); this batch has none"
+            )
+        kl = float(policy_kl(self.module[module_id], batch, fwd_out))
+        for _, optimizer in self.get_optimizers_for_module(module_id):
+            lr = adapted_lr(optimizer.param_groups[0]["lr"], kl, float(target))
+            rllib_compat.set_constant_lr(self, optimizer, lr)
+        self.stats.scalar(**{S.policy_tag("sampling_kl"): kl})
+
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
+        self._adapt_lr_to_kl(module_id, batch, fwd_out)
         loss = super().compute_loss_for_module(
             module_id=module_id, config=config, batch=batch, fwd_out=fwd_out
         )
@@ -282,6 +301,42 @@ class _TimedLearnerMixin:
             self.stats.scalar(**{S.PERF_LEARNER_UPDATES_PER_S: rate})
         self._last_export, self._grad_updates = now, 0
         push_partial_state(self.metrics, LEARNER_TRACKER)
+
+
+# algo.lr_schedule=adaptive_kl: the factor and the bounds of the rate (the rule of the public
+# legged-robot PPO setups).
+ADAPTIVE_LR_FACTOR = 1.5
+ADAPTIVE_LR_BOUNDS = (1e-5, 1e-2)
+
+
+def adapted_lr(lr: float, kl: float, target: float) -> float:
+    """The next learning rate under ``adaptive_kl``: divided by 1.5 when the KL exceeds twice
+    the target, multiplied by 1.5 when it is below half of it, else unchanged; clipped to
+    :data:`ADAPTIVE_LR_BOUNDS`. A KL that is not finite counts as too large."""
+    low, high = ADAPTIVE_LR_BOUNDS
+    if not np.isfinite(kl) or kl > 2.0 * target:
+        return max(lr / ADAPTIVE_LR_FACTOR, low)
+    if kl < 0.5 * target:
+        return min(lr * ADAPTIVE_LR_FACTOR, high)
+    return lr
+
+
+def policy_kl(module, batch: Dict[str, Any], fwd_out):
+    """Mean KL(sampling policy || current policy) over a batch's loss-masked rows, from the
+    distribution inputs the EnvRunner stored and those of the forward pass (no gradient)."""
+    import torch
+
+    module = module.unwrapped() if hasattr(module, "unwrapped") else module
+    cls = module.get_train_action_dist_cls()
+    with torch.no_grad():
+        old = cls.from_logits(batch[Columns.ACTION_DIST_INPUTS])
+        new = cls.from_logits(fwd_out[Columns.ACTION_DIST_INPUTS].detach())
+        kl = old.kl(new)
+        mask = batch.get(Columns.LOSS_MASK)
+        if mask is None:
+            return kl.mean()
+        mask = mask.bool()
+        return torch.where(mask, kl, 0.0).sum() / mask.sum().clamp(min=1)
 
 
 def minibatch_indices(
@@ -459,6 +514,7 @@ class RaylabPPOLearner(_TimedLearnerMixin, PPOTorchLearner):
             index = torch.from_numpy(rows).to(self.device)
             minibatch = {**rest, **{k: v.index_select(0, index) for k, v in columns.items()}}
             fwd_out = forward(minibatch)
+            self._adapt_lr_to_kl(module_id, minibatch, fwd_out)
             loss = self._ppo_loss(module_id, config, minibatch, fwd_out)
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)

@@ -60,6 +60,8 @@ INSTANCE_ATTRIBUTES: Dict[str, Tuple[str, ...]] = {
         "_old_pi",
     ),
     "ray.rllib.utils.metrics.metrics_logger:MetricsLogger": ("_threading_lock",),
+    "ray.rllib.core.learner.learner:Learner": ("_optimizer_lr_schedules",),
+    "ray.rllib.utils.schedules.scheduler:Scheduler": ("_curr_value",),
 }
 
 # Private methods called (not overridden): "module:Class" -> names.
@@ -128,6 +130,19 @@ def weights_seq_no(actor) -> int:
 def grad_scalers(learner):
     """A TorchLearner's mixed-precision gradient scalers, or None."""
     return getattr(learner, "_grad_scalers", None)
+
+
+def set_constant_lr(learner, optimizer, lr: float) -> None:
+    """Set the learning rate of an optimizer registered with a constant rate: in its param
+    groups and as the constant of RLlib's scheduler for it, which ``after_gradient_based_update``
+    would otherwise write back (and logs as the optimizer's rate)."""
+    schedule = learner._optimizer_lr_schedules.get(optimizer)
+    if schedule is not None:
+        if schedule.use_schedule:
+            raise RuntimeError("set_constant_lr on an optimizer with a learning-rate schedule")
+        schedule._curr_value = float(lr)
+    for group in optimizer.param_groups:
+        group["lr"] = float(lr)
 
 
 def log_off_policyness(learner, batch) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -170,8 +171,15 @@ class OnPolicyConfig(AlgoConfig):
     lr: float = option(3e-4, "learning rate")
     lr_schedule: str = option(
         "constant",
-        "constant, or linear: from lr down to 0 at training.total_steps env steps",
-        ("constant", "linear"),
+        "constant; linear: from lr down to 0 at training.total_steps env steps; adaptive_kl: lr "
+        "is the start, divided by 1.5 after a minibatch whose KL from the sampling policy "
+        "exceeds 2 x lr_kl_target and multiplied by 1.5 below half of it, within [1e-5, 1e-2]",
+        ("constant", "linear", "adaptive_kl"),
+    )
+    lr_kl_target: Optional[float] = option(
+        None,
+        "the KL per minibatch that lr_schedule=adaptive_kl steers the learning rate to (null: "
+        "0.01; only with adaptive_kl)",
     )
     init_log_std: float = option(
         -1.0, "initial log std of the Gaussian policy (continuous actions)"
@@ -604,6 +612,14 @@ def _check_unsupported(cfg: DictConfig, spec: TaskSpec) -> None:
         raise UserError(
             f"algo.final_max_log_std={cfg.algo.final_max_log_std} needs a starting bound: set "
             "algo.max_log_std too (the bound moves from it to final_max_log_std)"
+        )
+    kl = cfg.algo.get("lr_kl_target")
+    if kl is not None and not (math.isfinite(float(kl)) and float(kl) > 0.0):
+        raise UserError(f"bad value algo.lr_kl_target={kl}: a KL above 0 (e.g. 0.01)")
+    if kl is not None and cfg.algo.get("lr_schedule") != "adaptive_kl":
+        raise UserError(
+            f"algo.lr_kl_target={kl} does nothing with algo.lr_schedule="
+            f"{cfg.algo.lr_schedule}: set algo.lr_schedule=adaptive_kl too, or drop it"
         )
     rho = cfg.algo.get("noise_correlation")
     if rho is not None and not 0.0 <= float(rho) < 1.0:

@@ -28,10 +28,17 @@ CHOICES = {
 }
 
 # Optional keys whose default (null) is derived: a value to set instead.
-NONE_DEFAULTS = {"algo.learner_threads": 2, "algo.split_update": False}
+NONE_DEFAULTS = {
+    "algo.learner_threads": 2,
+    "algo.split_update": False,
+    "algo.lr_kl_target": 0.02,
+}
 # Keys that only work beside another one (composing them alone is refused): compared with the
 # config that has the companion only.
-COMPANIONS = {"algo.final_max_log_std": ["algo.max_log_std=1.0"]}
+COMPANIONS = {
+    "algo.final_max_log_std": ["algo.max_log_std=1.0"],
+    "algo.lr_kl_target": ["algo.lr_schedule=adaptive_kl"],
+}
 
 
 def _another(key, value):

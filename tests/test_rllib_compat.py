@@ -62,7 +62,7 @@ PRIVATE_RAY = re.compile(
     r"|\._(?:seed|needs_initial_reset|weights_seq_no|increase_sampled_metrics|log_env_steps"
     r"|metrics_num_env_steps_sampled|threading_lock|old_encoder|old_pi|last_update_ts_by_mid"
     r"|learner_thread_in_queue|get_tensor_variable|internal_kv_get|grad_scalers"
-    r"|compute_off_policyness)\b"
+    r"|compute_off_policyness|optimizer_lr_schedules|curr_value)\b"
 )
 
 

@@ -652,6 +652,7 @@ _SPECS: Tuple[MetricSpec, ...] = (
             ("entropy_coeff", "Entropy Coef"),
             ("kl", "KL"),
             ("kl_coeff", "KL Coef"),
+            ("sampling_kl", "Sampling KL"),
             ("mean_std", "Action Std"),
             ("alpha", "Alpha"),
             ("q_mean", "Q Mean"),

@@ -417,6 +417,7 @@ def _sac(cfg: DictConfig):
     config.torch_compile = a.torch_compile
     config.bf16_autocast = a.bf16_autocast
     config.critic_loss = a.critic_loss
+    config.reward_scale = float(a.reward_scale)
     config.store_buffer_in_checkpoints = a.store_buffer_in_checkpoints
     config.split_update = a.split_update
     config.learner_torch_threads = max(

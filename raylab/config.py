@@ -305,6 +305,13 @@ class SACConfig(AlgoConfig):
         "CleanRL's)",
         ("huber", "mse"),
     )
+    reward_scale: float = option(
+        1.0,
+        "multiply the rewards the critics learn from (the replay holds scaled rewards; every "
+        "reported return stays the task's own): SAC's temperature is on the reward's scale, so "
+        "a task that pays a few hundredths per step needs a larger scale or the entropy term "
+        "drowns the reward",
+    )
     split_update: Optional[bool] = option(
         None,
         "each update's actor half (forward and backward) on a second thread while the critics' "
@@ -613,6 +620,9 @@ def _check_unsupported(cfg: DictConfig, spec: TaskSpec) -> None:
             f"algo.final_max_log_std={cfg.algo.final_max_log_std} needs a starting bound: set "
             "algo.max_log_std too (the bound moves from it to final_max_log_std)"
         )
+    scale = cfg.algo.get("reward_scale")
+    if scale is not None and not (math.isfinite(float(scale)) and float(scale) > 0.0):
+        raise UserError(f"bad value algo.reward_scale={scale}: a number above 0 (1: as paid)")
     kl = cfg.algo.get("lr_kl_target")
     if kl is not None and not (math.isfinite(float(kl)) and float(kl) > 0.0):
         raise UserError(f"bad value algo.lr_kl_target={kl}: a KL above 0 (e.g. 0.01)")

@@ -137,6 +137,45 @@ def learner():
     learner.shutdown()
 
 
+@pytest.mark.parametrize("scale", [1.0, 20.0])
+def test_reward_scale_multiplies_the_rewards_in_the_replay(scale):
+    """algo.reward_scale: the ring the critics sample from holds the scaled rewards, and nothing
+    else of the transition changes."""
+    from raylab.algorithms.build import build_algorithm_config
+    from raylab.config import compose
+
+    cfg = compose(
+        "sac",
+        "Pendulum-v1",
+        overrides=[
+            "resources.num_learners=0",
+            "algo.hidden=[8]",
+            f"algo.reward_scale={scale}",
+            "algo.learning_starts=1000000",  # no update is owed: the ring stays as ingested
+            "algo.learner_threads=1",
+        ],
+    )
+    learner = build_algorithm_config(cfg).build_learner(env=gym.make("Pendulum-v1"))
+    try:
+        b = batch(50, start=1)
+        learner.ingest([b], 0)
+        stored = {k: v[:50].cpu().numpy() for k, v in learner._replay.storage.items()}
+        np.testing.assert_allclose(stored["rewards"], b["rewards"] * scale, rtol=1e-6)
+        for key in ("obs", "actions", "next_obs", "terminateds"):
+            np.testing.assert_array_equal(stored[key].reshape(b[key].shape), b[key])
+    finally:
+        learner.shutdown()
+
+
+def test_a_reward_scale_that_is_not_a_positive_number_is_refused():
+    from raylab.config import compose
+    from raylab.errors import UserError
+
+    for bad in ("0", "-2", "nan"):
+        with pytest.raises(UserError, match=rf"algo.reward_scale={bad}.*above 0"):
+            compose("sac", "Pendulum-v1", overrides=[f"algo.reward_scale={bad}"])
+
+
 def _reference_step(module, log_alpha, opts, b, cfg, target_entropy):
     """Textbook SAC step, written out loss by loss with a backward each."""
     q_opt, pi_opt, a_opt = opts

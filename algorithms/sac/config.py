@@ -25,6 +25,7 @@ class RaylabSACConfig(SACConfig):
         self.torch_compile = False  # GPU only
         self.bf16_autocast = False  # GPU only
         self.critic_loss = "huber"  # or "mse" (raylab.algorithms.sac.update.CRITIC_LOSSES)
+        self.reward_scale = 1.0  # rewards enter the replay multiplied by this
         self.learner_torch_threads = 1
         # The replay ring (and the counters that go with it) in the Learner's checkpoint state,
         # the old API stack's key: a restored run then goes on as the saved one would have.

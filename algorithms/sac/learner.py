@@ -158,6 +158,9 @@ class RaylabSACLearner(SACLearner, TorchLearner):
         t0 = time.perf_counter()
         with self.timeline.background(S.PERF_REPLAY_INGRESS_H2D_SUBMIT_MS):
             batch = ray.get(ref) if isinstance(ref, ray.ObjectRef) else ref
+            scale = float(getattr(self.config, "reward_scale", 1.0))
+            if scale != 1.0:  # algo.reward_scale: what the critics learn from
+                batch = {**batch, "rewards": np.asarray(batch["rewards"]) * np.float32(scale)}
             with self._replay_lock:
                 if self._replay is None:
                     self._make_replay(batch)

@@ -82,7 +82,7 @@ def main(argv=None) -> int:
         cfg = compose(a.algo, a.task, overrides=a.overrides)
     except UserError as e:
         p.error(str(e))
-    scheduled = getattr(cfg.algo, "lr_schedule", "constant") != "constant"
+    scheduled = getattr(cfg.algo, "lr_schedule", "constant") == "linear"
     if scheduled and not any(o.startswith("training.total_steps=") for o in a.overrides):
         p.error(
             f"{a.algo} on {a.task} anneals its learning rate over training.total_steps; pass "

@@ -540,8 +540,9 @@ def test_round_order_reverses_every_other_round():
 
 @pytest.mark.slow
 def test_train_vary_runs_each_value_of_one_key(tmp_path, idle_head):
-    """One round (the order of several rounds is round_order's, above): each value of the
-    varied key is a contender of its own, and the value reaches the algorithm."""
+    """One round (the order of several rounds is round_order's, above): each variant is a
+    contender of its own and its values reach the algorithm; two keys change together, and
+    each run is divided by bare physics at its own env count."""
     out = tmp_path / "train_vary.json"
     r = run_cli(
         "bench",
@@ -556,11 +557,14 @@ def test_train_vary_runs_each_value_of_one_key(tmp_path, idle_head):
         "1",
         "--ref-seconds",
         "0.2",
+        "--physics-seconds",
+        "0.2",
         "--vary",
         "training.iteration_s=0.1,1.5",
+        "--vary",
+        "env.num_envs=4,6",
         "--out",
         str(out),
-        "env.num_envs=4",
         "algo.hidden=[32,32]",
         "algo.train_batch_size=128",
         env=head_driver_env(idle_head),
@@ -568,15 +572,24 @@ def test_train_vary_runs_each_value_of_one_key(tmp_path, idle_head):
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = _load(out)
-    a, b = "batched@training.iteration_s=0.1", "batched@training.iteration_s=1.5"
+    va, vb = "training.iteration_s=0.1 env.num_envs=4", "training.iteration_s=1.5 env.num_envs=6"
+    a, b = f"batched@{va}", f"batched@{vb}"
     assert [x["contender"] for x in res["runs"]] == [a, b]
     by = {x["contender"]: x for x in res["runs"]}
     # The value reached the algorithm: 0.1 s iterations are many more in the same budget.
     assert by[a]["iterations"] > by[b]["iterations"]
     ratios = res["summary"]["ratios"]
-    assert len(ratios[f"{b}_over_training.iteration_s=0.1_env_steps_per_round"]) == 1
-    assert ratios[f"{b}_over_training.iteration_s=0.1_env_steps"] > 0
-    assert "--vary training.iteration_s=0.1,1.5" in res["command"]
+    assert len(ratios[f"{b}_over_{va}_env_steps_per_round"]) == 1
+    assert ratios[f"{b}_over_{va}_env_steps"] > 0
+    assert "--vary training.iteration_s=0.1,1.5 --vary env.num_envs=4,6" in res["command"]
+    # Bare physics: 4 envs before and after the first run, 6 before and after the second.
+    w = res["physics_windows"]
+    assert [x["num_envs"] for x in w] == [4, 4, 6, 6]
+    assert [x.get("after_run") for x in w] == [None, f"{a}#0", None, f"{b}#0"]
+    assert w[2]["before_run"] == b
+    for run, (x, y) in ((by[a], w[0:2]), (by[b], w[2:4])):
+        mean = (x["env_steps_per_s"] + y["env_steps_per_s"]) / 2
+        assert run["physics_env_steps_per_s"] == pytest.approx(mean, 1e-4)
 
 
 @pytest.mark.parametrize(
@@ -605,6 +618,15 @@ def test_train_vary_keys_given_twice_change_together():
     r = run_cli("bench", "train", "--vary", "env.num_envs=8,16", "--vary", "algo.lr=1e-4,2e-4,3e-4")
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "as many values" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    # A paired key may repeat a value; the pairings themselves must differ.
+    assert parse_vary(["resources.num_env_runners=1,2,2", "env.num_envs=128,64,128"]) == [
+        "resources.num_env_runners=1 env.num_envs=128",
+        "resources.num_env_runners=2 env.num_envs=64",
+        "resources.num_env_runners=2 env.num_envs=128",
+    ]
+    r = run_cli("bench", "train", "--vary", "env.num_envs=8,8", "--vary", "algo.lr=1e-4,1e-4")
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "two variants are the same" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_the_local_ray_of_a_vary_run_has_room_for_its_largest_variant():

@@ -28,15 +28,18 @@ Contenders, alternated run by run (order reversed every other round):
 same way) and reports every value's rates against the first: what a setting costs, e.g.
 ``--vary training.iteration_s=1,5`` for the live panel's short iterations. Given more than once,
 the keys change together (values paired in order), e.g. the same envs on one or two EnvRunners:
-``--vary resources.num_env_runners=1,2 --vary env.num_envs=32,16``.
+``--vary resources.num_env_runners=1,2 --vary env.num_envs=32,16``. Paired, a key may repeat a
+value (``--vary resources.num_env_runners=1,2,2 --vary env.num_envs=128,64,128``); the variants
+must differ.
 
 A one-thread window of the batched env (``--ref-seconds``) before the first run and after every
 run is the machine's reference; its drift and trend give the verdict, as in the env sweep.
 
 ``--physics-seconds S`` adds, next to every reference window, a window of the task's bare
 physics (``raylab bench env --mode bare``: N envs x 10 ``mj_step`` with recorded servo targets,
-nothing else) on all the machine's cores with the run's env count. Each training run's env
-steps per second over the mean of the physics windows before and after it is its ratio to bare
+nothing else) on all the machine's cores with the run's env count (a variant with another env
+count gets a window of its own count before it). Each training run's env steps per second over
+the mean of the physics windows before and after it, both at its env count, is its ratio to bare
 physics (``<contender>_over_physics``): the share of the machine's physics rate that training
 end to end keeps. Goals: APPO at least 0.70, PPO at least 0.55 (PPO samples while nobody learns
 and learns while nobody samples).
@@ -483,7 +486,7 @@ def run_train_bench(
     from raylab.bench.env import env_tasks, make_batched
     from raylab.train import init_ray
 
-    ref = physics = None
+    ref = None
     if ref_seconds > 0 and task in env_tasks():
         ref = make_batched(task, 16, 1, 0, {})
         ref.window(0.5)
@@ -491,23 +494,41 @@ def run_train_bench(
         if task not in env_tasks():
             raise UserError(f"--physics-seconds: task '{task}' has no batched env to time")
         cores = C.usable_cores()
-        physics = make_batched(task, int(cfg.env.num_envs), cores, 0, {}, mode="bare")
-        physics.window(0.5)
         result["params"]["physics_threads"] = cores
     refs: List[Dict[str, Any]] = []
     physics_windows: List[Dict[str, Any]] = []
+    # Bare physics at each run's own env count (a --vary of env.num_envs times each count's):
+    # one window before the first run and after every run, plus one before a run whose count
+    # differs from the window just taken.
+    physics: Dict[int, Any] = {}
+
+    def envs_of(name: str) -> int:  # a contender's env count ("side@variant", "...#round")
+        return int(cfg_of.get(name.partition("#")[0].partition("@")[2], cfg).env.num_envs)
+
+    def physics_window(n: int, **where):
+        if n not in physics:
+            physics[n] = make_batched(task, n, C.usable_cores(), 0, {}, mode="bare")
+            physics[n].window(0.5)
+        w = physics[n].window(physics_seconds)
+        physics_windows.append({**where, "num_envs": n, "env_steps_per_s": w["rate"]})
+        _say(f"  bare physics ({physics[n].name}, {n} envs) {w['rate']:,.0f} env-steps/s")
+
+    def before_run(name: str):
+        if physics_seconds > 0 and name != "torch_limit":
+            n = envs_of(name)
+            if not physics_windows or physics_windows[-1]["num_envs"] != n:
+                physics_window(n, before_run=name)
 
     def measure_ref(after: Optional[str]):
-        if physics is not None:
-            w = physics.window(physics_seconds)
-            physics_windows.append({"after_run": after, "env_steps_per_s": w["rate"]})
-            _say(
-                f"  bare physics ({physics.name}, {physics.num_envs} envs) "
-                f"{w['rate']:,.0f} env-steps/s"
-            )
+        if physics_seconds > 0:
+            n = envs_of(after) if after and not after.startswith("torch_limit") else None
+            if n is None:
+                n = physics_windows[-1]["num_envs"] if physics_windows else envs_of(contenders[0])
+            prior = physics_windows[-1] if physics_windows else None
+            physics_window(n, after_run=after)
             if after is not None and runs and runs[-1].get("env_steps_per_s"):
-                # this run against the physics windows on either side of it
-                both = [x["env_steps_per_s"] for x in physics_windows[-2:]]
+                # this run against the physics windows on either side of it (same env count)
+                both = [prior["env_steps_per_s"], physics_windows[-1]["env_steps_per_s"]]
                 runs[-1]["physics_env_steps_per_s"] = float(np.mean(both))
                 runs[-1]["over_physics"] = runs[-1]["env_steps_per_s"] / float(np.mean(both))
         if ref is not None:
@@ -559,6 +580,7 @@ def run_train_bench(
                     f"({out['threads']} torch thread(s), the learner's)"
                 )
             else:
+                before_run(name)
                 side, _, variant = name.partition("@")
                 out = train_run(side, cfg_of.get(variant, cfg), seconds, warmup)
                 out["contender"] = name
@@ -574,7 +596,7 @@ def run_train_bench(
                 time.sleep(SETTLE_S)  # let the stopped actors' processes exit
             measure_ref(f"{name}#{r}")
     finally:
-        for c in (ref, physics):
+        for c in (ref, *physics.values()):
             if c is not None:
                 c.close()
         if started_ray and ray.is_initialized():
@@ -624,21 +646,34 @@ def parse_vary(vary) -> List[str]:
     if not vary:
         return []
     if not isinstance(vary, str):
-        each = [parse_vary(v) for v in vary]
-        if len(each) == 1:
-            return each[0]
+        if len(vary) == 1:
+            return parse_vary(vary[0])
+        # Paired keys: one of them may repeat a value (env.num_envs=64,128 beside
+        # resources.num_env_runners=2,2); the variants themselves must differ.
+        each = [_vary_values(v, distinct=False) for v in vary]
         if len({len(e) for e in each}) != 1:
             raise UserError(
                 "--vary given more than once: every key needs as many values (they change "
                 f"together), got {', '.join(str(len(e)) for e in each)}"
             )
-        return [" ".join(group) for group in zip(*each)]
+        variants = [" ".join(group) for group in zip(*each)]
+        if len(set(variants)) < len(variants):
+            raise UserError(
+                f"--vary {' --vary '.join(vary)}: two variants are the same "
+                f"({', '.join(variants)}); every pairing must differ"
+            )
+        return variants
+    return _vary_values(vary, distinct=True)
+
+
+def _vary_values(vary: str, distinct: bool) -> List[str]:
     key, eq, values = vary.partition("=")
     vals = [v.strip() for v in values.split(",") if v.strip()]
-    if not eq or not key.strip() or len(vals) < 2 or len(set(vals)) < len(vals):
+    if not eq or not key.strip() or len(vals) < 2 or (distinct and len(set(vals)) < len(vals)):
+        what = "different values" if distinct else "values"
         raise UserError(
-            f"--vary {vary!r}: expected KEY=V1,V2[,...] with two or more different "
-            "values, e.g. --vary training.iteration_s=1,5"
+            f"--vary {vary!r}: expected KEY=V1,V2[,...] with two or more {what}, "
+            "e.g. --vary training.iteration_s=1,5"
         )
     return [f"{key.strip()}={v}" for v in vals]
 
@@ -979,8 +1014,8 @@ def parser():
         help="run each side once per value of one config key, alternating, and "
         "report each value's rates against the first (e.g. training.iteration_s=1,5); "
         "given more than once, the keys change together, their values paired in order "
-        "(e.g. --vary resources.num_env_runners=1,2 --vary env.num_envs=32,16); "
-        "no stock SAC or torch limit then",
+        "(e.g. --vary resources.num_env_runners=1,2 --vary env.num_envs=32,16; a paired key "
+        "may repeat a value, the variants must differ); no stock SAC or torch limit then",
     )
     p.add_argument(
         "--sampler",

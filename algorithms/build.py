@@ -215,6 +215,9 @@ def rl_module_options(cfg: DictConfig) -> Dict[str, Any]:
     }
     if cfg.algo.get("free_log_std", False):
         model_config["free_log_std"] = True
+    if cfg.algo.name == "sac":
+        model_config["log_std_min"] = float(cfg.algo.log_std_min)
+        model_config["mean_bound"] = cfg.algo.mean_bound
     max_log_std = cfg.algo.get("max_log_std")
     normalize = bool(cfg.algo.get("normalize_obs", False))
     scale_rewards = bool(cfg.algo.get("scale_rewards", False))

@@ -283,6 +283,17 @@ class SACConfig(AlgoConfig):
     tau: float = option(0.005, "polyak coefficient of the target Q nets")
     initial_alpha: float = option(1.0, "initial entropy temperature")
     target_entropy: Optional[float] = option(None, "target entropy (null: -action_dim)")
+    log_std_min: float = option(
+        -20.0,
+        "floor of the policy's log-std before tanh (-20: the SAC paper's code; -5 keeps a "
+        "nearly deterministic action's Gaussian log-probability under about 4 per action)",
+    )
+    mean_bound: Optional[float] = option(
+        None,
+        "soft bound on the policy's pre-tanh mean, bound * tanh(mean / bound) (null: none; "
+        "e.g. 5: every action still reaches tanh(5) = 0.9999, and the tanh's term of the "
+        "log-probability stays under about 2 x bound per action where the policy saturates)",
+    )
     batch_size: int = option(256, "replay batch size per update")
     buffer_capacity: int = option(1_000_000, "replay ring capacity (transitions)")
     learning_starts: int = option(1000, "env steps collected before the first update")
@@ -611,6 +622,7 @@ def _check_privileged_obs(cfg: DictConfig) -> None:
 # asserts on per-env info arrays).
 RLLIB_ENV_OPTIONS = {"autoreset_mode": "next_step", "info_mode": "none"}
 TRACE_OPTIONS = ("trace_output_dir", "trace_thread_time", "trace_cuda_events")
+SAC_LOG_STD_MAX = 2.0  # raylab.algorithms.sac.update.LOG_STD_MAX, without importing torch here
 
 
 def _check_unsupported(cfg: DictConfig, spec: TaskSpec) -> None:
@@ -623,6 +635,15 @@ def _check_unsupported(cfg: DictConfig, spec: TaskSpec) -> None:
     scale = cfg.algo.get("reward_scale")
     if scale is not None and not (math.isfinite(float(scale)) and float(scale) > 0.0):
         raise UserError(f"bad value algo.reward_scale={scale}: a number above 0 (1: as paid)")
+    floor = cfg.algo.get("log_std_min")
+    if floor is not None and not (math.isfinite(float(floor)) and float(floor) < SAC_LOG_STD_MAX):
+        raise UserError(
+            f"bad value algo.log_std_min={floor}: a number below {SAC_LOG_STD_MAX:g} (the "
+            "policy's log-std ceiling; e.g. -5 or -20)"
+        )
+    bound = cfg.algo.get("mean_bound")
+    if bound is not None and not (math.isfinite(float(bound)) and float(bound) > 0.0):
+        raise UserError(f"bad value algo.mean_bound={bound}: a number above 0 (e.g. 5), or null")
     kl = cfg.algo.get("lr_kl_target")
     if kl is not None and not (math.isfinite(float(kl)) and float(kl) > 0.0):
         raise UserError(f"bad value algo.lr_kl_target={kl}: a KL above 0 (e.g. 0.01)")

@@ -176,6 +176,112 @@ def test_a_reward_scale_that_is_not_a_positive_number_is_refused():
             compose("sac", "Pendulum-v1", overrides=[f"algo.reward_scale={bad}"])
 
 
+def _saturated_policy(action_dim: int = 3, obs_dim: int = 4):
+    """A policy whose outputs are the pre-tanh mean 60 and log-std -12 for every observation,
+    what the joystick task's diverged SAC policies reached."""
+    from raylab.algorithms.sac import update as U
+
+    pi = U.mlp(obs_dim, [8], 2 * action_dim)
+    with torch.no_grad():
+        pi[-1].weight.zero_()
+        pi[-1].bias.copy_(torch.tensor([60.0] * action_dim + [-12.0] * action_dim))
+    return pi
+
+
+def test_the_policy_bounds_keep_a_saturated_policys_log_probability_small():
+    """algo.log_std_min and algo.mean_bound: the log-std is floored and the pre-tanh mean softly
+    bounded, so the log-probability of a saturated, nearly deterministic policy (which enters
+    the soft value target as -alpha log pi) stays a few units per action; unbounded, it is over
+    a hundred per action. The update's statistics see the same bounds."""
+    from raylab.algorithms.sac import update as U
+
+    torch.manual_seed(0)
+    pi, obs, dim = _saturated_policy(), torch.randn(64, 4), 3
+    noise = torch.randn(64, dim)
+    free = U.policy_inputs(pi, obs)
+    bounded = U.policy_inputs(pi, obs, log_std_min=-5.0, mean_bound=5.0)
+    assert torch.allclose(free[:, :dim], torch.tensor(60.0))
+    assert torch.allclose(bounded[:, :dim], torch.tensor(5.0 * float(np.tanh(12.0))))
+    assert torch.equal(free[:, dim:], torch.full((64, dim), -12.0))
+    assert torch.equal(bounded[:, dim:], torch.full((64, dim), -5.0))
+    _, logp_free = squashed_gaussian_sample(free, noise)
+    _, logp_bounded = squashed_gaussian_sample(bounded, noise)
+    assert logp_free.min() > 100 * dim
+    # Gaussian part at most 5 - log(2 pi) / 2, tanh part at most 2 |u| (|u| < 5 + noise)
+    cap = dim * (5.0 + 2.0 * (5.0 + float(noise.abs().max()) * np.exp(-5.0)))
+    assert logp_bounded.max() < cap < 100 * dim
+
+    qf, qf2 = U.mlp(4 + dim, [8], 1), U.mlp(4 + dim, [8], 1)
+    b = {
+        "obs": obs,
+        "actions": torch.rand(64, dim) * 2 - 1,
+        "rewards": torch.ones(64),
+        "next_obs": obs,
+        "terminateds": torch.zeros(64),
+    }
+    stats = {}
+    for name, bounds in (("free", {}), ("bounded", {"log_std_min": -5.0, "mean_bound": 5.0})):
+        parts = U.SACParts(
+            pi, qf, qf2, copy.deepcopy(qf), copy.deepcopy(qf2), torch.zeros(1), [], **bounds
+        )
+        _, stats[name] = U.sac_losses(parts, b, gamma=0.99, target_entropy=-3.0)
+    assert float(stats["free"]["logp"]) > 100 * dim > cap > float(stats["bounded"]["logp"])
+
+
+@pytest.mark.parametrize("bounds", [(), ("algo.log_std_min=-5", "algo.mean_bound=2")])
+def test_the_policy_bounds_reach_the_learner_and_the_module_the_env_runners_sample(bounds):
+    """The bounds travel in the module's model config: the Learner's update and the module the
+    EnvRunners build (and a checkpoint restores) apply the same ones; none by default."""
+    from raylab.algorithms.build import build_algorithm_config
+    from raylab.config import compose
+
+    cfg = compose(
+        "sac",
+        "Pendulum-v1",
+        overrides=["resources.num_learners=0", "algo.hidden=[8]", "algo.learner_threads=1"]
+        + list(bounds),
+    )
+    config = build_algorithm_config(cfg)
+    learner = config.build_learner(env=gym.make("Pendulum-v1"))
+    try:
+        parts = learner._parts
+        floor, bound = (-5.0, 2.0) if bounds else (-20.0, None)
+        assert (parts.log_std_min, parts.mean_bound) == (floor, bound)
+        spec = config.get_rl_module_spec(env=gym.make("Pendulum-v1"))
+        spec.inference_only = True
+        runner_module = spec.build()
+        runner_module.pi.load_state_dict(_saturated_policy(1, 3).state_dict())
+        out = runner_module.policy_inputs(torch.zeros(2, 3))
+        assert float(out[0, 1]) == max(-12.0, floor)
+        assert float(out[0, 0]) == pytest.approx(60.0 if bound is None else bound, rel=1e-4)
+    finally:
+        learner.shutdown()
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("algo.log_std_min=3", r"algo.log_std_min=3.*below 2"),
+        ("algo.log_std_min=nan", r"algo.log_std_min=nan.*below 2"),
+        ("algo.mean_bound=0", r"algo.mean_bound=0.*above 0"),
+        ("algo.mean_bound=-1", r"algo.mean_bound=-1.*above 0"),
+    ],
+)
+def test_policy_bounds_out_of_range_are_refused(override, message):
+    from raylab.config import compose
+    from raylab.errors import UserError
+
+    with pytest.raises(UserError, match=message):
+        compose("sac", "Pendulum-v1", overrides=[override])
+
+
+def test_the_config_knows_the_policys_log_std_ceiling():
+    from raylab.algorithms.sac import update as U
+    from raylab.config import SAC_LOG_STD_MAX
+
+    assert SAC_LOG_STD_MAX == U.LOG_STD_MAX
+
+
 def _reference_step(module, log_alpha, opts, b, cfg, target_entropy):
     """Textbook SAC step, written out loss by loss with a backward each."""
     q_opt, pi_opt, a_opt = opts

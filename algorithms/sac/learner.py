@@ -116,6 +116,8 @@ class RaylabSACLearner(SACLearner, TorchLearner):
             target_qf_twin=module.target_qf_twin,
             log_alpha=self.curr_log_alpha[self._mid],
             optimizers=[opt for _, opt in self.get_optimizers_for_module(self._mid)],
+            log_std_min=module.log_std_min,
+            mean_bound=module.mean_bound,
         )
         self._helper: Optional[ThreadPoolExecutor] = None
         if split_update_on(

@@ -19,7 +19,7 @@ from ray.rllib.core.distribution.torch.torch_distribution import TorchSquashedGa
 from ray.rllib.core.rl_module.apis import InferenceOnlyAPI, QNetAPI, TargetNetworkAPI
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
 
-from raylab.algorithms.sac.update import mlp, policy_inputs, q_pair
+from raylab.algorithms.sac.update import LOG_STD_MIN, mlp, policy_inputs, q_pair
 
 
 class RaylabSACModule(TorchRLModule, InferenceOnlyAPI, TargetNetworkAPI, QNetAPI):
@@ -29,13 +29,18 @@ class RaylabSACModule(TorchRLModule, InferenceOnlyAPI, TargetNetworkAPI, QNetAPI
         hidden = list(self.model_config.get("fcnet_hiddens", [256, 256]))
         activation = self.model_config.get("fcnet_activation", "relu")
         self.pi = mlp(obs_dim, hidden, 2 * self.action_dim, activation)
+        # The policy's bounds (algo.log_std_min, algo.mean_bound): in the model config, so a
+        # module restored from a checkpoint samples within the bounds it was trained with.
+        self.log_std_min = float(self.model_config.get("log_std_min", LOG_STD_MIN))
+        bound = self.model_config.get("mean_bound")
+        self.mean_bound = None if bound is None else float(bound)
         if not self.inference_only:
             self.qf = mlp(obs_dim + self.action_dim, hidden, 1, activation)
             self.qf_twin = mlp(obs_dim + self.action_dim, hidden, 1, activation)
 
     # ---- policy ---------------------------------------------------------------------------
     def policy_inputs(self, obs: torch.Tensor) -> torch.Tensor:
-        return policy_inputs(self.pi, obs)
+        return policy_inputs(self.pi, obs, self.log_std_min, self.mean_bound)
 
     def _forward_inference(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
         return {Columns.ACTION_DIST_INPUTS: self.policy_inputs(batch[Columns.OBS])}

@@ -33,10 +33,20 @@ def mlp(
     return nn.Sequential(*layers)
 
 
-def policy_inputs(pi: nn.Module, obs: torch.Tensor) -> torch.Tensor:
-    """[mean, log_std] of the Gaussian before tanh, log_std clamped."""
+def policy_inputs(
+    pi: nn.Module,
+    obs: torch.Tensor,
+    log_std_min: float = LOG_STD_MIN,
+    mean_bound: Optional[float] = None,
+) -> torch.Tensor:
+    """[mean, log_std] of the Gaussian before tanh, log_std clamped to [log_std_min,
+    LOG_STD_MAX]. With ``mean_bound`` the mean is ``bound * tanh(mean / bound)``, a soft bound
+    that keeps a gradient: without one, a policy that saturates an action can grow its pre-tanh
+    mean without limit, and the tanh's change of variables (about 2|u| per action) with it."""
     mean, log_std = pi(obs.flatten(1)).chunk(2, dim=-1)
-    return torch.cat([mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)], dim=-1)
+    if mean_bound is not None:
+        mean = mean_bound * torch.tanh(mean / mean_bound)
+    return torch.cat([mean, log_std.clamp(log_std_min, LOG_STD_MAX)], dim=-1)
 
 
 def q_pair(q1: nn.Module, q2: nn.Module, obs: torch.Tensor, actions: torch.Tensor):
@@ -86,6 +96,12 @@ class SACParts:
     target_qf_twin: nn.Module
     log_alpha: torch.Tensor
     optimizers: List[torch.optim.Optimizer]
+    log_std_min: float = LOG_STD_MIN  # the policy's bounds (policy_inputs)
+    mean_bound: Optional[float] = None
+
+    def policy(self, obs: torch.Tensor) -> torch.Tensor:
+        """The policy's [mean, log_std] for ``obs``, within its bounds."""
+        return policy_inputs(self.pi, obs, self.log_std_min, self.mean_bound)
 
     def __post_init__(self):
         self.action_dim = self.pi[-1].out_features // 2  # the policy outputs mean, log std
@@ -110,9 +126,7 @@ def critic_half(
 ) -> torch.Tensor:
     """The twin critics' loss against the soft target: it reaches only the critics."""
     with torch.no_grad():
-        next_action, next_logp = squashed_gaussian_sample(
-            policy_inputs(p.pi, b["next_obs"]), noise_next
-        )
+        next_action, next_logp = squashed_gaussian_sample(p.policy(b["next_obs"]), noise_next)
         tq1, tq2 = q_pair(p.target_qf, p.target_qf_twin, b["next_obs"], next_action)
         next_v = torch.min(tq1, tq2) - alpha * next_logp
         target = b["rewards"] + gamma * (1.0 - b["terminateds"]) * next_v
@@ -139,7 +153,7 @@ def actor_half(
 ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
     """The actor's loss (through the critics with their weights detached: it reaches only the
     policy) plus the temperature's (only log(alpha)), and their statistics."""
-    action, logp = squashed_gaussian_sample(policy_inputs(p.pi, b["obs"]), noise)
+    action, logp = squashed_gaussian_sample(p.policy(b["obs"]), noise)
     x = torch.cat([b["obs"].flatten(1), action], dim=-1)
     pq1 = frozen_forward(p.qf, x).squeeze(-1)
     pq2 = frozen_forward(p.qf_twin, x).squeeze(-1)

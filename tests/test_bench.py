@@ -670,3 +670,27 @@ def test_stock_sac_has_the_hyperparameters_of_raylab_sac():
     ):
         assert getattr(ours, name) == getattr(stock, name), name
     assert (stock.actor_lr, stock.tau, stock.train_batch_size_per_learner) == (7e-4, 0.01, 128)
+
+
+def test_physics_by_pose_times_a_standing_and_a_fallen_duck(tmp_path):
+    """benchmarks/physics_by_pose.py: the held duck stands and the random one lies, each window
+    is timed, and the JSON holds the rates, the states and the machine."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks/physics_by_pose.py"
+    spec = importlib.util.spec_from_file_location("physics_by_pose", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "pose.json"
+    argv = ["--num-envs", "4", "--rounds", "2", "--seconds", "0.2", "--out", str(out)]
+    assert mod.main(argv) == 0
+    r = json.loads(out.read_text())
+    assert r["command"].startswith("python benchmarks/physics_by_pose.py --num-envs 4")
+    assert {len(v) for v in r["env_steps_per_s"].values()} == {2}
+    assert all(x > 0 for v in r["env_steps_per_s"].values() for x in v)
+    assert all(s["fallen_share"] == 0.0 for s in r["states"]["hold"])
+    assert all(s["fallen_share"] >= 0.5 for s in r["states"]["random"])
+    assert r["hold_over_random"] == r["median"]["hold"] / r["median"]["random"]
+    assert r["machine"]["usable_cores"] >= 1 and len(r["loadavg_after"]) == 3

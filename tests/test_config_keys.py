@@ -32,6 +32,7 @@ NONE_DEFAULTS = {
     "algo.learner_threads": 2,
     "algo.split_update": False,
     "algo.lr_kl_target": 0.02,
+    "algo.mean_bound": 5.0,
 }
 # Keys that only work beside another one (composing them alone is refused): compared with the
 # config that has the companion only.

@@ -625,6 +625,13 @@ TRACE_OPTIONS = ("trace_output_dir", "trace_thread_time", "trace_cuda_events")
 SAC_LOG_STD_MAX = 2.0  # raylab.algorithms.sac.update.LOG_STD_MAX, without importing torch here
 
 
+def _refuse_unless_positive(cfg: DictConfig, key: str, valid: str) -> None:
+    """One line for an ``algo.<key>`` that is set but not a finite number above 0."""
+    value = cfg.algo.get(key)
+    if value is not None and not (math.isfinite(float(value)) and float(value) > 0.0):
+        raise UserError(f"bad value algo.{key}={value}: {valid}")
+
+
 def _check_unsupported(cfg: DictConfig, spec: TaskSpec) -> None:
     """Options that would be accepted and then fail or do nothing: refused with one line."""
     if cfg.algo.get("final_max_log_std") is not None and cfg.algo.get("max_log_std") is None:
@@ -632,21 +639,16 @@ def _check_unsupported(cfg: DictConfig, spec: TaskSpec) -> None:
             f"algo.final_max_log_std={cfg.algo.final_max_log_std} needs a starting bound: set "
             "algo.max_log_std too (the bound moves from it to final_max_log_std)"
         )
-    scale = cfg.algo.get("reward_scale")
-    if scale is not None and not (math.isfinite(float(scale)) and float(scale) > 0.0):
-        raise UserError(f"bad value algo.reward_scale={scale}: a number above 0 (1: as paid)")
+    _refuse_unless_positive(cfg, "reward_scale", "a number above 0 (1: as paid)")
+    _refuse_unless_positive(cfg, "mean_bound", "a number above 0 (e.g. 5), or null")
+    _refuse_unless_positive(cfg, "lr_kl_target", "a KL above 0 (e.g. 0.01)")
     floor = cfg.algo.get("log_std_min")
     if floor is not None and not (math.isfinite(float(floor)) and float(floor) < SAC_LOG_STD_MAX):
         raise UserError(
             f"bad value algo.log_std_min={floor}: a number below {SAC_LOG_STD_MAX:g} (the "
             "policy's log-std ceiling; e.g. -5 or -20)"
         )
-    bound = cfg.algo.get("mean_bound")
-    if bound is not None and not (math.isfinite(float(bound)) and float(bound) > 0.0):
-        raise UserError(f"bad value algo.mean_bound={bound}: a number above 0 (e.g. 5), or null")
     kl = cfg.algo.get("lr_kl_target")
-    if kl is not None and not (math.isfinite(float(kl)) and float(kl) > 0.0):
-        raise UserError(f"bad value algo.lr_kl_target={kl}: a KL above 0 (e.g. 0.01)")
     if kl is not None and cfg.algo.get("lr_schedule") != "adaptive_kl":
         raise UserError(
             f"algo.lr_kl_target={kl} does nothing with algo.lr_schedule="

@@ -629,6 +629,15 @@ def test_train_vary_keys_given_twice_change_together():
     assert "two variants are the same" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_train_vary_takes_list_values_in_brackets():
+    from raylab.bench.train import compose_cfg, parse_vary
+
+    variants = parse_vary("algo.hidden=[256,256],[128,128],[64]")
+    assert variants == ["algo.hidden=[256,256]", "algo.hidden=[128,128]", "algo.hidden=[64]"]
+    cfg = compose_cfg("appo", "microduck_balance", variants[1].split(" "))
+    assert list(cfg.algo.hidden) == [128, 128]
+
+
 def test_the_local_ray_of_a_vary_run_has_room_for_its_largest_variant():
     """A --vary of the EnvRunners must not start a Ray sized for the first variant only: its
     second variant's actors would wait forever for CPUs (run_train_bench sizes the local Ray

@@ -666,9 +666,20 @@ def parse_vary(vary) -> List[str]:
     return _vary_values(vary, distinct=True)
 
 
+def _split_top_level(values: str) -> List[str]:
+    """Split at the commas outside brackets: ``[256,256],[128,128]`` -> two list values."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(values):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(values[start:i])
+            start = i + 1
+    return [*parts, values[start:]]
+
+
 def _vary_values(vary: str, distinct: bool) -> List[str]:
     key, eq, values = vary.partition("=")
-    vals = [v.strip() for v in values.split(",") if v.strip()]
+    vals = [v.strip() for v in _split_top_level(values) if v.strip()]
     if not eq or not key.strip() or len(vals) < 2 or (distinct and len(set(vals)) < len(vals)):
         what = "different values" if distinct else "values"
         raise UserError(
@@ -1015,7 +1026,8 @@ def parser():
         "report each value's rates against the first (e.g. training.iteration_s=1,5); "
         "given more than once, the keys change together, their values paired in order "
         "(e.g. --vary resources.num_env_runners=1,2 --vary env.num_envs=32,16; a paired key "
-        "may repeat a value, the variants must differ); no stock SAC or torch limit then",
+        "may repeat a value, the variants must differ); a list value in brackets, without "
+        "spaces (algo.hidden=[256,256],[128,128]); no stock SAC or torch limit then",
     )
     p.add_argument(
         "--sampler",

@@ -38,6 +38,7 @@ from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 from ray.rllib.core import ALL_MODULES
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.learner.learner import ENTROPY_KEY, POLICY_LOSS_KEY, VF_LOSS_KEY
+from ray.rllib.core.learner.training_data import TrainingData
 from ray.rllib.evaluation.postprocessing import Postprocessing
 from ray.rllib.utils.metrics import (
     MODULE_TRAIN_BATCH_SIZE_MEAN,
@@ -716,6 +717,28 @@ def weightless_phantom_steps(batch: Dict[str, Any]) -> Dict[str, Any]:
     return {**batch, Columns.ACTION_LOGP: torch.where(mask.bool(), logp, PHANTOM_LOGP)}
 
 
+def batches_of_rows(episodes: List[Any], rows: int) -> List[List[Any]]:
+    """Episode chunks in consecutive groups of about ``rows`` env steps each.
+
+    RLlib's APPO hands its learner whole ``sample()`` results, as many as reach
+    ``train_batch_size``: with ``num_envs * rollout_fragment_length`` above it one sample is one
+    batch, and each pass of the circular buffer one gradient step on all of it (128 envs x 32
+    steps: 4,096 rows, half the updates per env step of 32 envs' 2,048-row batches). Split into
+    ``round(total / rows)`` groups of whole chunks, the batch is ``train_batch_size`` again."""
+    total = sum(len(e) for e in episodes)
+    n = max(1, min(len(episodes), round(total / max(1, rows))))
+    if n == 1:
+        return [episodes]
+    groups: List[List[Any]] = [[]]
+    filled = 0
+    for ep in episodes:
+        if filled >= total * len(groups) / n and len(groups) < n:
+            groups.append([])
+        groups[-1].append(ep)
+        filled += len(ep)
+    return groups
+
+
 class RaylabAPPOLearner(_TimedLearnerMixin, APPOTorchLearner):
     _main_phases = S.LEARNER_MAIN_PHASES["appo"]
 
@@ -753,7 +776,17 @@ class RaylabAPPOLearner(_TimedLearnerMixin, APPOTorchLearner):
             training_data.solve_refs()
         self._ingest_s = getattr(self, "_ingest_s", 0.0) + time.perf_counter() - t0
         self._ingest_n = getattr(self, "_ingest_n", 0) + 1
-        return super().update(training_data, **kwargs)
+        episodes = training_data.episodes
+        if episodes is None:
+            return super().update(training_data, **kwargs)
+        groups = batches_of_rows(episodes, int(self.config.train_batch_size_per_learner))
+        if len(groups) == 1:
+            return super().update(training_data, **kwargs)
+        # One batch per group, each queued for the learner thread like a sample of its own.
+        result: Dict[str, Any] = {}
+        for group in groups:
+            result.update(super().update(TrainingData(episodes=group), **kwargs) or {})
+        return result
 
     def _ring_status(self):
         buffer = getattr(self, "_learner_thread_in_queue", None)

@@ -1,6 +1,7 @@
 """APPO's value targets bootstrap at the end of every episode chunk (algorithms/learners.py,
 ``weightless_phantom_steps``): the real learner, its real learner connector and RLlib's V-trace,
-on a chunk whose values are known. No Ray: the Learner is built in this process."""
+on a chunk whose values are known; and its batches are ``train_batch_size`` rows however large a
+sample is (``batches_of_rows``). No Ray: the Learner is built in this process."""
 
 from __future__ import annotations
 
@@ -119,3 +120,59 @@ def test_without_the_fix_rllib_s_loss_drops_the_bootstrap(monkeypatch):
     vs, values = _value_targets(learner, batch, monkeypatch)
     assert float(vs[T - 1]) == pytest.approx(1.0, abs=1e-4)
     assert float(vs[T - 1]) != pytest.approx(1.0 + GAMMA * float(values[T]), abs=1e-3)
+
+
+def _episode(rng, steps: int):
+    from ray.rllib.core.columns import Columns
+    from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+
+    return SingleAgentEpisode(
+        observations=list(rng.normal(size=(steps + 1, 3)).astype(np.float32)),
+        actions=list(rng.uniform(-1, 1, size=(steps, 1)).astype(np.float32)),
+        rewards=[1.0] * steps,
+        extra_model_outputs={Columns.ACTION_LOGP: [np.float32(-1.0)] * steps},
+        len_lookback_buffer=0,
+    ).to_numpy()
+
+
+def test_a_sample_larger_than_the_train_batch_is_trained_as_batches_of_its_size():
+    """APPO trains on whole samples: one of 8 envs x 5 steps with ``train_batch_size=10``
+    would be one 40-row batch, a quarter of the gradient steps per env step the option asks
+    for. The learner queues it as four batches of 10 rows, and one sample of 10 rows as one."""
+    from ray.rllib.core.learner.training_data import TrainingData
+    from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
+
+    from raylab.algorithms.build import build_algorithm_config
+    from raylab.algorithms.learners import batches_of_rows
+    from raylab.config import compose
+
+    rng = np.random.default_rng(0)
+    chunks = [_episode(rng, 5) for _ in range(8)]
+    groups = batches_of_rows(chunks, 10)
+    assert [sum(len(e) for e in g) for g in groups] == [10, 10, 10, 10]
+    assert [e for g in groups for e in g] == chunks  # consecutive, nothing left out
+    # a chunk cut short by an episode's end stays whole; rounding keeps 1.4 batches one
+    assert [len(g) for g in batches_of_rows([_episode(rng, 7)] * 2, 10)] == [2]
+
+    import gymnasium as gym
+
+    env = gym.make("Pendulum-v1")
+    spaces = {"__env__": (env.observation_space, env.action_space)}
+    spaces["default_policy"] = spaces["__env__"]
+    env.close()
+    cfg = compose(
+        "appo",
+        "Pendulum-v1",
+        "mujoco",
+        ["algo.hidden=[16]", "algo.train_batch_size=10", "algo.rollout_fragment_length=5"],
+    )
+    learner = build_algorithm_config(cfg).build_learner(spaces=spaces)
+    learner.build()
+    try:
+        ts = {NUM_ENV_STEPS_SAMPLED_LIFETIME: 40}
+        learner.update(TrainingData(episodes=chunks), timesteps=ts)
+        assert learner._ring_status()["ingested"] == 4
+        learner.update(TrainingData(episodes=chunks[:2]), timesteps=ts)
+        assert learner._ring_status()["ingested"] == 5
+    finally:
+        learner.shutdown()  # its learner thread

@@ -275,7 +275,12 @@ def rows_per_update(contender: str, cfg) -> int:
 
 
 def _updates_and_rows(algo, contender: str, cfg, result: dict):
-    """(gradient updates, rows trained) so far."""
+    """(gradient updates, rows trained) so far.
+
+    raylab's learners count their own gradient steps. Stock RLlib's are estimated as rows
+    trained / ``rows_per_update``, which holds only while a batch is ``train_batch_size`` rows:
+    APPO packs whole ``sample()`` results into a batch until it reaches that size, so with
+    ``num_envs * rollout_fragment_length`` above it a batch is one sample, and larger."""
     from raylab.reporting import _get
 
     if contender in SIDES and cfg.algo.name == "sac":
@@ -287,6 +292,10 @@ def _updates_and_rows(algo, contender: str, cfg, result: dict):
             result, "learners", "__all_modules__", "num_env_steps_trained_lifetime", default=0
         )
     rows = float(rows or 0)
+    if contender in SIDES:
+        statuses = algo.learner_group.foreach_learner(lambda learner: learner.learner_status())
+        statuses = [r.get() if hasattr(r, "get") else r for r in statuses]
+        return float(sum(s["updates"] for s in statuses)), rows
     return rows / rows_per_update(contender, cfg), rows
 
 

@@ -13,7 +13,9 @@ T = 4  # real steps in the chunk (the rollout fragment)
 GAMMA = 0.9
 
 
-def _learner():
+def _learner(
+    overrides=("algo.hidden=[16]", f"algo.gamma={GAMMA}", f"algo.rollout_fragment_length={T + 1}"),
+):
     import gymnasium as gym
 
     from raylab.algorithms.build import build_algorithm_config
@@ -23,12 +25,7 @@ def _learner():
     spaces = {"__env__": (env.observation_space, env.action_space)}
     spaces["default_policy"] = spaces["__env__"]
     env.close()
-    cfg = compose(
-        "appo",
-        "Pendulum-v1",
-        "mujoco",
-        ["algo.hidden=[16]", f"algo.gamma={GAMMA}", f"algo.rollout_fragment_length={T + 1}"],
-    )
+    cfg = compose("appo", "Pendulum-v1", "mujoco", list(overrides))
     learner = build_algorithm_config(cfg).build_learner(spaces=spaces)
     learner.build()
     return learner
@@ -142,32 +139,19 @@ def test_a_sample_larger_than_the_train_batch_is_trained_as_batches_of_its_size(
     from ray.rllib.core.learner.training_data import TrainingData
     from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 
-    from raylab.algorithms.build import build_algorithm_config
     from raylab.algorithms.learners import batches_of_rows
-    from raylab.config import compose
 
     rng = np.random.default_rng(0)
     chunks = [_episode(rng, 5) for _ in range(8)]
     groups = batches_of_rows(chunks, 10)
     assert [sum(len(e) for e in g) for g in groups] == [10, 10, 10, 10]
     assert [e for g in groups for e in g] == chunks  # consecutive, nothing left out
-    # a chunk cut short by an episode's end stays whole; rounding keeps 1.4 batches one
+    # 14 rows are 1.4 batches: rounded to one, chunks never cut
     assert [len(g) for g in batches_of_rows([_episode(rng, 7)] * 2, 10)] == [2]
 
-    import gymnasium as gym
-
-    env = gym.make("Pendulum-v1")
-    spaces = {"__env__": (env.observation_space, env.action_space)}
-    spaces["default_policy"] = spaces["__env__"]
-    env.close()
-    cfg = compose(
-        "appo",
-        "Pendulum-v1",
-        "mujoco",
-        ["algo.hidden=[16]", "algo.train_batch_size=10", "algo.rollout_fragment_length=5"],
+    learner = _learner(
+        ["algo.hidden=[16]", "algo.train_batch_size=10", "algo.rollout_fragment_length=5"]
     )
-    learner = build_algorithm_config(cfg).build_learner(spaces=spaces)
-    learner.build()
     try:
         ts = {NUM_ENV_STEPS_SAMPLED_LIFETIME: 40}
         learner.update(TrainingData(episodes=chunks), timesteps=ts)

@@ -309,6 +309,25 @@ def pytest_xdist_make_scheduler(config, log):
             module = nodeid.split("::", 1)[0]
             return "golden" if module.endswith(GOLDEN_READERS) else module
 
+        def remove_node(self, node):
+            """A worker is gone: at the end, or crashed inside a test. xdist's scope scheduler
+            would queue the crashed test again with the rest of its module, and the worker
+            that replaces the crashed one would run it again (and crash, or hang, again). It
+            is reported failed once (xdist's crash report) and its module's other tests go on."""
+            workload = self.assigned_work.pop(node)
+            crashed = None
+            for unit in workload.values():
+                crashed = next((nodeid for nodeid, done in unit.items() if not done), None)
+                if crashed is not None:
+                    unit[crashed] = True
+                    break
+            rest = {scope: unit for scope, unit in workload.items() if not all(unit.values())}
+            if rest:
+                self.workqueue.update(rest)
+                for other in self.assigned_work:
+                    self._reschedule(other)
+            return crashed
+
     return ModuleScheduling(config, log)
 
 
@@ -332,6 +351,7 @@ def pytest_runtest_logreport(report):
     worker = getattr(getattr(node, "gateway", None), "id", "main")
     module = _scope(report.nodeid.split("::", 1)[0])
     _TIMING["modules"][module] = _TIMING["modules"].get(module, 0.0) + report.duration
+    _say_failure(report)
     busy, _ = _TIMING["workers"].get(worker, (0.0, 0.0))
     _TIMING["workers"][worker] = (busy + report.duration, time.monotonic() - _TIMING["start"])
 
@@ -345,6 +365,80 @@ def pytest_terminal_summary(terminalreporter):
         tr.write_line(f"{worker}: busy {busy:,.0f} s, its last test ended at {last:,.0f} s")
     top = sorted(_TIMING["modules"].items(), key=lambda kv: -kv[1])[:15]
     tr.write_line("heaviest modules (s): " + ", ".join(f"{m} {t:,.0f}" for m, t in top))
+
+
+# ------------------------------------------------------------ hangs and crashes, said at once
+# pytest-timeout (pyproject.toml) raises in a test's own thread; a test blocked inside native
+# code (a C++ wait of Ray, the join of a library's thread) never returns to the interpreter to
+# see it. So a watchdog thread (faulthandler's) prints every thread's stack and ends the process
+# WATCHDOG_GRACE_S after the test's own limit: under xdist the worker is reported crashed on that
+# test and the suite goes on, instead of waiting out CI's limit. And the controller names each
+# failed or crashed test the moment it reports, not only in the summary at the end (which a run
+# killed from outside never prints).
+WATCHDOG_GRACE_S = float(os.environ.get("RAYLAB_TEST_WATCHDOG_GRACE_S", 300))
+_STDERR = {}
+
+
+def pytest_configure(config):
+    _STDERR["fd"] = os.dup(sys.__stderr__.fileno())  # the terminal, whatever capture does
+    _STDERR["config"] = config
+
+
+def test_limit_s(item) -> float:
+    """The item's pytest-timeout limit: its own `timeout` mark, else the ini value."""
+    mark = item.get_closest_marker("timeout")
+    if mark is not None and mark.args:
+        return float(mark.args[0])
+    return float(item.config.getini("timeout") or 0)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    import faulthandler
+
+    limit = test_limit_s(item)
+    if limit > 0:
+        faulthandler.dump_traceback_later(limit + WATCHDOG_GRACE_S, exit=True, file=_STDERR["fd"])
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def _say_failure(report) -> None:
+    config = _STDERR.get("config")
+    if config is None or hasattr(config, "workerinput"):
+        return  # a worker: its controller says it
+    if report.failed:
+        node = getattr(report, "node", None)
+        worker = getattr(getattr(node, "gateway", None), "id", "main")
+        line = f"\nFAILED {report.nodeid} ({report.when}, {report.duration:.0f} s, {worker})\n"
+        os.write(_STDERR["fd"], line.encode())
+
+
+# The tests started and not yet finished, for a run stopped from outside (`make test` stops its
+# first phase with SIGINT after TEST_PHASE_LIMIT_S, Makefile): which ones it was waiting for.
+_RUNNING = {}
+
+
+def pytest_runtest_logstart(nodeid, location):
+    import time
+
+    _RUNNING[nodeid] = time.monotonic()
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    _RUNNING.pop(nodeid, None)
+
+
+def pytest_keyboard_interrupt(excinfo):
+    import time
+
+    if hasattr(_STDERR["config"], "workerinput"):
+        return  # the controller says it
+    now = time.monotonic()
+    for nodeid, t0 in _RUNNING.items():
+        os.write(_STDERR["fd"], f"\nSTILL RUNNING {nodeid} (for {now - t0:.0f} s)\n".encode())
 
 
 # ---------------------------------------------------------------------- the end of the session

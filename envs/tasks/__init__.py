@@ -333,8 +333,17 @@ register_task(
         # 3-minute run ended at 238.9 (headroom -0.30) without the scaling, 333.3 (0.17) with
         # it; 1.1 M env steps 318 against 355 (benchmarks/learning/
         # appo_microduck_balance_3min_bootfix*_s0.json, appo_microduck_balance_bootfix*_s0.json).
-        algo_defaults={"sac": {"updates_per_step": 0.25}, "appo": {"scale_rewards": True}},
-        env_defaults={**ROBOT_ENV_DEFAULTS, "sac": {"num_envs": 32}},
+        # PPO: 128 envs per EnvRunner and 128-128 networks. PPO's iteration is a sample of
+        # train_batch_size env steps then the update, so a cheaper update and more envs per
+        # policy call both shorten it: 0.60 of bare physics against 0.47 (benchmarks/README.md,
+        # "A smaller network at 128 envs"), and 30 minutes took 0.377 of the headroom against
+        # 0.277 for 32 envs and 256-256 (ppo_microduck_balance_30min_*_s0.json).
+        algo_defaults={
+            "sac": {"updates_per_step": 0.25},
+            "appo": {"scale_rewards": True},
+            "ppo": {"hidden": [128, 128]},
+        },
+        env_defaults={**ROBOT_ENV_DEFAULTS, "sac": {"num_envs": 32}, "ppo": {"num_envs": 128}},
     )
 )
 

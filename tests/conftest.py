@@ -72,6 +72,20 @@ def assert_only_raylab_output(output: str) -> None:
     assert not bad, "\n".join(bad[:20]) + "\n---\n" + output[-4000:]
 
 
+def signal_ray_worker(pid: int, sig: int) -> None:
+    """Signal the Ray worker process behind a pid read from the state API or a run's manifest,
+    checking first that the pid still is a Ray worker (its title starts with ``ray::``): this
+    machine kind's pid_max is 32,768 and the suite starts thousands of processes (the pids of a
+    clean-clone run wrapped in its first 8 minutes), so an ended worker's pid is soon another
+    process's, which a kill or a SIGSTOP must never reach."""
+    try:
+        title = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        raise AssertionError(f"pid {pid} has ended before its signal {sig}") from None
+    assert title.startswith(b"ray::"), f"pid {pid} is no longer a Ray worker: {title[:80]!r}"
+    os.kill(pid, sig)
+
+
 @pytest.fixture
 def cli():
     return run_cli

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from conftest import wait_for_tune_snapshot
+from conftest import signal_ray_worker, wait_for_tune_snapshot
 from heads import RAYLAB, LocalHead
 
 from raylab.metrics import schema as S
@@ -155,7 +155,7 @@ def envrunner_killed(head, tmp_path_factory):
             proc,
             log,
         )
-        os.kill(int(victim["pid"]), signal.SIGKILL)
+        signal_ray_worker(int(victim["pid"]), signal.SIGKILL)
 
         def restarted(s: dict) -> bool:
             manifest = s.get("runtime_manifest") or {}
@@ -448,7 +448,7 @@ def learner_killed(request, head, tmp_path_factory):
             proc,
             log,
         )
-        os.kill(int(victim["pid"]), signal.SIGKILL)
+        signal_ray_worker(int(victim["pid"]), signal.SIGKILL)
         # The newest checkpoint at the kill, read before later ones rotate it away.
         last = _summary(run_dir)["last_checkpoint"]
         counters = checkpoint_counters(Path(last))

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import RAYLAB, head_driver_env
+from conftest import RAYLAB, head_driver_env, signal_ray_worker
 
 from raylab.errors import UserError
 from raylab.soak import FAILURE_CLASSES, parse_duration, read_soak, slope, validate_soak
@@ -249,7 +249,7 @@ def test_a_killed_learner_is_a_learner_failure(tmp_path, head):
     soak = Soak(tmp_path, head, "training.max_failures=0")
     pid = soak.manifest()["learners"][0]["pid"]
     time.sleep(3)
-    os.kill(pid, signal.SIGKILL)  # for good: no trial restore (max_failures=0)
+    signal_ray_worker(pid, signal.SIGKILL)  # for good: no trial restore (max_failures=0)
     _failed_as(*soak.result(), "learner_failure")
 
 
@@ -258,7 +258,7 @@ def test_envrunners_killed_beyond_their_restarts_are_a_collector_failure(tmp_pat
     soak = Soak(tmp_path, head, "training.max_env_runner_restarts=0", "training.max_failures=0")
     pid = soak.manifest()["env_runners"][0]["pid"]
     time.sleep(3)
-    os.kill(pid, signal.SIGKILL)
+    signal_ray_worker(pid, signal.SIGKILL)
     _failed_as(*soak.result(), "collector_failure")
 
 
@@ -267,7 +267,7 @@ def test_a_stopped_envrunner_is_a_stale_tick(tmp_path, head):
     soak = Soak(tmp_path, head, "--stale", "15s", duration="150s")
     pid = soak.manifest()["env_runners"][0]["pid"]
     time.sleep(3)
-    os.kill(pid, signal.SIGSTOP)  # alive but silent: no more env steps
+    signal_ray_worker(pid, signal.SIGSTOP)  # alive but silent: no more env steps
     try:
         code, a, output = soak.result()
     finally:
@@ -332,5 +332,5 @@ def test_the_algorithm_actor_killed_is_an_unknown_failure(tmp_path, head):
         for a in head.actors()
         if a["state"] == "ALIVE" and (a.get("class_name") or "").startswith("RaylabAPPO")
     ]
-    os.kill(int(algo["pid"]), signal.SIGKILL)
+    signal_ray_worker(int(algo["pid"]), signal.SIGKILL)
     _failed_as(*soak.result(), "unknown_failure")

@@ -380,7 +380,10 @@ def _appo(cfg: DictConfig):
     # Let the algorithm loop wait briefly for ready samples instead of spinning: on a small
     # machine a spinning driver takes a core from the EnvRunners and the Learner.
     config.timeout_s_sampler_manager = 0.02
-    return config.env_runners(rollout_fragment_length=a.rollout_fragment_length)
+    return config.env_runners(
+        rollout_fragment_length=a.rollout_fragment_length,
+        max_requests_in_flight_per_env_runner=a.sample_requests_in_flight,
+    )
 
 
 def env_runner_restarts(cfg: DictConfig) -> Dict[str, Any]:

@@ -31,6 +31,7 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
 from raylab.algorithms import rllib_compat
+from raylab.algorithms.activations import use_fast_tanh
 from raylab.algorithms.algorithm import EPISODES_KEY
 from raylab.algorithms.env_errors import EnvErrorReporting
 from raylab.algorithms.rollout import Fragment, RolloutLoop
@@ -60,6 +61,11 @@ class RaylabEnvRunner(EnvErrorReporting, SingleAgentEnvRunner):
 
     def __repr__(self) -> str:
         return f"raylab-envrunner-{getattr(self, 'worker_index', 0)}"
+
+    def make_module(self):
+        super().make_module()
+        if self.module is not None:  # the Learners' function (raylab.algorithms.activations)
+            use_fast_tanh(self.module)
 
     def stop(self):
         super().stop()

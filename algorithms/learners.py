@@ -101,10 +101,14 @@ class _TimedLearnerMixin:
         actuators. With ``algo.free_log_std`` the layer outputs the mean only and the head's
         own log-std parameter is set. With ``algo.orthogonal_init`` every Linear layer is first
         re-initialised orthogonally (:func:`orthogonal_init`). EnvRunners receive these
-        weights at the first sync.
+        weights at the first sync. First every tanh becomes a :class:`FastTanh`
+        (raylab.algorithms.activations), as in the EnvRunners.
         """
         import torch
 
+        from raylab.algorithms.activations import use_fast_tanh
+
+        use_fast_tanh(self.module)  # before the target networks copy the policy
         cfg = (self.config.learner_config_dict or {}).get("policy_init")
         if not cfg:
             return

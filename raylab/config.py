@@ -270,6 +270,12 @@ class APPOConfig(OnPolicyConfig):
     circular_buffer_iterations_per_batch: int = option(2, "times each batch is trained on")
     target_network_update_freq: int = option(2, "target-network update period (in train batches)")
     broadcast_interval: int = option(1, "weight broadcast to EnvRunners every N updates")
+    sample_requests_in_flight: int = option(
+        1,
+        "sample requests queued at each EnvRunner (RLlib's max_requests_in_flight_per_env_runner"
+        "): 2 lets an EnvRunner start its next rollout as it hands one over, one rollout more "
+        "behind the learner's weights",
+    )
 
 
 @dataclass
@@ -642,6 +648,9 @@ def _check_unsupported(cfg: DictConfig, spec: TaskSpec) -> None:
     _refuse_unless_positive(cfg, "reward_scale", "a number above 0 (1: as paid)")
     _refuse_unless_positive(cfg, "mean_bound", "a number above 0 (e.g. 5), or null")
     _refuse_unless_positive(cfg, "lr_kl_target", "a KL above 0 (e.g. 0.01)")
+    flight = cfg.algo.get("sample_requests_in_flight")
+    if flight is not None and int(flight) < 1:
+        raise UserError(f"bad value algo.sample_requests_in_flight={flight}: 1 or more (1, 2)")
     floor = cfg.algo.get("log_std_min")
     if floor is not None and not (math.isfinite(float(floor)) and float(floor) < SAC_LOG_STD_MAX):
         raise UserError(

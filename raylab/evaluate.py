@@ -249,13 +249,16 @@ def check_checkpoint(path: Path, algo: str) -> None:
 def load_policy(path: Path):
     from ray.rllib.core.rl_module.rl_module import RLModule
 
+    from raylab.algorithms.activations import use_fast_tanh
     from raylab.quiet import quiet_logs
 
     quiet_logs()  # RLlib's deprecation notices while it rebuilds the module
     try:
-        return RLModule.from_checkpoint(str((path / LEARNER_MODULE_DIR).resolve()))
+        module = RLModule.from_checkpoint(str((path / LEARNER_MODULE_DIR).resolve()))
     except Exception as e:  # corrupt state files
         raise UserError(f"cannot load the policy in '{path}': {type(e).__name__}: {e}") from e
+    use_fast_tanh(module)  # the function the run's EnvRunners computed
+    return module
 
 
 # ---------------------------------------------------------------------------------- video

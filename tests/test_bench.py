@@ -548,7 +548,7 @@ def test_round_order_reverses_every_other_round():
 def test_train_vary_runs_each_value_of_one_key(tmp_path, idle_head):
     """One round (the order of several rounds is round_order's, above): each variant is a
     contender of its own and its values reach the algorithm; two keys change together, and
-    each run is divided by bare physics at its own env count."""
+    each run is divided by bare physics at its own env count, that of all its EnvRunners."""
     out = tmp_path / "train_vary.json"
     r = run_cli(
         "bench",
@@ -568,7 +568,9 @@ def test_train_vary_runs_each_value_of_one_key(tmp_path, idle_head):
         "--vary",
         "training.iteration_s=0.1,1.5",
         "--vary",
-        "env.num_envs=4,6",
+        "env.num_envs=4,3",
+        "--vary",
+        "resources.num_env_runners=1,2",
         "--out",
         str(out),
         "algo.hidden=[32,32]",
@@ -578,7 +580,8 @@ def test_train_vary_runs_each_value_of_one_key(tmp_path, idle_head):
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = _load(out)
-    va, vb = "training.iteration_s=0.1 env.num_envs=4", "training.iteration_s=1.5 env.num_envs=6"
+    va = "training.iteration_s=0.1 env.num_envs=4 resources.num_env_runners=1"
+    vb = "training.iteration_s=1.5 env.num_envs=3 resources.num_env_runners=2"
     a, b = f"batched@{va}", f"batched@{vb}"
     assert [x["contender"] for x in res["runs"]] == [a, b]
     by = {x["contender"]: x for x in res["runs"]}
@@ -587,8 +590,8 @@ def test_train_vary_runs_each_value_of_one_key(tmp_path, idle_head):
     ratios = res["summary"]["ratios"]
     assert len(ratios[f"{b}_over_{va}_env_steps_per_round"]) == 1
     assert ratios[f"{b}_over_{va}_env_steps"] > 0
-    assert "--vary training.iteration_s=0.1,1.5 --vary env.num_envs=4,6" in res["command"]
-    # Bare physics: 4 envs before and after the first run, 6 before and after the second.
+    assert "--vary training.iteration_s=0.1,1.5 --vary env.num_envs=4,3" in res["command"]
+    # Bare physics: 4 envs before and after the first run, 2 x 3 before and after the second.
     w = res["physics_windows"]
     assert [x["num_envs"] for x in w] == [4, 4, 6, 6]
     assert [x.get("after_run") for x in w] == [None, f"{a}#0", None, f"{b}#0"]
@@ -709,3 +712,23 @@ def test_physics_by_pose_times_a_standing_and_a_fallen_duck(tmp_path):
     assert all(s["fallen_share"] >= 0.5 for s in r["states"]["random"])
     assert r["hold_over_random"] == r["median"]["hold"] / r["median"]["random"]
     assert r["machine"]["usable_cores"] >= 1 and len(r["loadavg_after"]) == 3
+
+
+def test_wait_gone_returns_when_the_processes_have_exited():
+    """bench train waits for a stopped run's actor processes before the next machine windows;
+    an exited child that is not reaped yet (a zombie) counts as gone."""
+    import subprocess
+    import time
+
+    from raylab.bench.train import _alive, wait_gone
+
+    proc = subprocess.Popen(["sleep", "1"])
+    assert _alive(proc.pid)
+    t0 = time.perf_counter()
+    wait_gone([proc.pid], "test")
+    assert 0.8 < time.perf_counter() - t0 < 10
+    assert not _alive(proc.pid)  # exited, not reaped yet: a zombie
+    proc.wait()
+    t0 = time.perf_counter()
+    wait_gone([proc.pid], "test", timeout_s=0.5)  # gone: no wait
+    assert time.perf_counter() - t0 < 0.5

@@ -37,12 +37,12 @@ run is the machine's reference; its drift and trend give the verdict, as in the 
 
 ``--physics-seconds S`` adds, next to every reference window, a window of the task's bare
 physics (``raylab bench env --mode bare``: N envs x 10 ``mj_step`` with recorded servo targets,
-nothing else) on all the machine's cores with the run's env count (a variant with another env
-count gets a window of its own count before it). Each training run's env steps per second over
-the mean of the physics windows before and after it, both at its env count, is its ratio to bare
-physics (``<contender>_over_physics``): the share of the machine's physics rate that training
-end to end keeps. Goals: APPO at least 0.70, PPO at least 0.55 (PPO samples while nobody learns
-and learns while nobody samples).
+nothing else) on all the machine's cores with the run's env count, that of all its EnvRunners
+together (a variant with another env count gets a window of its own count before it). Each
+training run's env steps per second over the mean of the physics windows before and after it,
+both at its env count, is its ratio to bare physics (``<contender>_over_physics``): the share
+of the machine's physics rate that training end to end keeps. Goals: APPO at least 0.70, PPO at
+least 0.55 (PPO samples while nobody learns and learns while nobody samples).
 """
 
 from __future__ import annotations
@@ -338,6 +338,32 @@ def _actor_pids(algo):
     return learners, runners
 
 
+def _alive(pid: int) -> bool:
+    """Whether a process runs (a zombie, which only waits for its parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_gone(pids: Sequence[int], contender: str, timeout_s: float = 60.0) -> None:
+    """Wait until a stopped run's actor processes have exited: Ray ends them after
+    ``algo.stop()`` returns, and their exit (two EnvRunners take seconds) would otherwise
+    fall into the next reference and physics windows and lower them."""
+    t0 = time.perf_counter()
+    said = False
+    while any(_alive(p) for p in pids):
+        waited = time.perf_counter() - t0
+        if waited > timeout_s:
+            _say(f"  {contender}: actor processes {pids} still run after {waited:.0f} s; going on")
+            return
+        if waited > 5 and not said:
+            _say(f"  waiting for the actor processes of {contender} to exit ({pids})")
+            said = True
+        time.sleep(0.1)
+
+
 def stop_algorithm(algo, contender: str, cfg) -> None:
     """Stop a contender's algorithm. raylab SAC's learners stop their update threads first
     (RLlib calls Learner.shutdown only for a local learner; a remote one would exit with its
@@ -357,6 +383,8 @@ def train_run(
     t_build = time.perf_counter()
     algo = algorithm_config(contender, cfg).build_algo()
     build_s = time.perf_counter() - t_build
+    learner_pids: List[int] = []
+    runner_pids: List[int] = []
     try:
         t_start = time.perf_counter()
         while True:
@@ -386,6 +414,7 @@ def train_run(
         c1 = [C.proc_cpu_seconds(p) for p in (*learner_pids, *runner_pids)]
     finally:
         stop_algorithm(algo, contender, cfg)
+        wait_gone([*learner_pids, *runner_pids], contender)
     fps = [m[S.PERF_TOTAL_FPS] for m in metrics if S.PERF_TOTAL_FPS in m]
     collector = {}
     for tag in (S.PERF_COLLECTOR_ENV_STEP_MS, S.PERF_COLLECTOR_MLP_INFER_MS):
@@ -511,8 +540,9 @@ def run_train_bench(
     # differs from the window just taken.
     physics: Dict[int, Any] = {}
 
-    def envs_of(name: str) -> int:  # a contender's env count ("side@variant", "...#round")
-        return int(cfg_of.get(name.partition("#")[0].partition("@")[2], cfg).env.num_envs)
+    def envs_of(name: str) -> int:  # a contender's envs, all EnvRunners ("side@variant#round")
+        c = cfg_of.get(name.partition("#")[0].partition("@")[2], cfg)
+        return int(c.env.num_envs) * max(1, int(c.resources.num_env_runners))
 
     def physics_window(n: int, **where):
         if n not in physics:

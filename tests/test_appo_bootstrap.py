@@ -132,10 +132,16 @@ def _episode(rng, steps: int):
     ).to_numpy()
 
 
-def test_a_sample_larger_than_the_train_batch_is_trained_as_batches_of_its_size():
+def test_a_sample_larger_than_the_train_batch_is_trained_as_batches_of_its_size(ray_in_process):
     """APPO trains on whole samples: one of 8 envs x 5 steps with ``train_batch_size=10``
     would be one 40-row batch, a quarter of the gradient steps per env step the option asks
-    for. The learner queues it as four batches of 10 rows, and one sample of 10 rows as one."""
+    for. The learner queues it as four batches of 10 rows, and one sample of 10 rows as one.
+
+    Ray runs in this process first (``ray_in_process``): the learner thread puts its weights
+    into Ray's object store after an update, and without a Ray it would start one from that
+    thread, whose processes the kernel kills when the thread ends (``learner.shutdown()``);
+    the test process, a driver of that Ray, then exits at once, in whatever test it is running
+    (an xdist worker "not properly terminated")."""
     from ray.rllib.core.learner.training_data import TrainingData
     from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 

@@ -7,9 +7,10 @@ A run's configuration is one tree of dataclasses with four groups:
 - ``env.*``       the task's options (one dataclass per task; any Gymnasium id gets the base one)
 - ``resources.*`` EnvRunners, Learners, GPUs, the Ray address
 
-It is composed in this order: algorithm defaults, task defaults (``TaskSpec.algo_defaults``),
-then Hydra-style dotted overrides (``algo.lr=3e-4 env.num_envs=64``). OmegaConf does the
-parsing and type checking against the dataclasses; bad input becomes a ``UserError``.
+It is composed in this order: algorithm defaults, task defaults (``TaskSpec.algo_defaults``,
+``env_defaults``, ``resources_defaults``), then Hydra-style dotted overrides
+(``algo.lr=3e-4 env.num_envs=64``). OmegaConf does the parsing and type checking against the
+dataclasses; bad input becomes a ``UserError``.
 Every field carries ``metadata["help"]``; ``describe`` turns that into ``--help`` text.
 """
 
@@ -447,8 +448,12 @@ def compose(
     spec = task_spec(task)
     env_cfg = spec.config_class()(gym_id=spec.gym_id)
     cfg = OmegaConf.structured(RaylabConfig(task=task, sim=sim, algo=ALGOS[algo](), env=env_cfg))
-    layers = [spec.algo_defaults.get(algo, {}), spec.env_defaults.get(algo, {})]
-    for layer_name, layer in zip(("algo", "env"), layers):
+    layers = [
+        spec.algo_defaults.get(algo, {}),
+        spec.env_defaults.get(algo, {}),
+        spec.resources_defaults.get(algo, {}),
+    ]
+    for layer_name, layer in zip(("algo", "env", "resources"), layers):
         if layer:
             cfg = OmegaConf.merge(cfg, {layer_name: layer})
     cfg = OmegaConf.merge(cfg, _parse_overrides(cfg, overrides))

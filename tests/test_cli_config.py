@@ -76,8 +76,13 @@ def test_algo_specific_keys_and_task_defaults():
     assert "clip_param" in compose("ppo").algo and "tau" not in compose("ppo").algo
     assert "tau" in compose("sac").algo and "vtrace" not in compose("sac").algo
     # task-level defaults sit between the algorithm defaults and the user's overrides
-    assert compose("appo").env.num_envs == 32
+    assert compose("appo").env.num_envs == 64
     assert compose("appo", overrides=["env.num_envs=7"]).env.num_envs == 7
+    # the task's resources layer too: two EnvRunners for APPO on microduck_balance, one elsewhere
+    assert compose("appo").resources.num_env_runners == 2
+    assert compose("appo", overrides=["resources.num_env_runners=1"]).resources.num_env_runners == 1
+    assert compose("appo", "go2_joystick_flat").resources.num_env_runners == 1
+    assert compose("ppo").resources.num_env_runners == 1
 
 
 def test_gymnasium_id_gets_the_generic_env_group():

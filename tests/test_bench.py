@@ -654,9 +654,9 @@ def test_the_local_ray_of_a_vary_run_has_room_for_its_largest_variant():
     from raylab.bench.train import compose_cfg, largest
     from raylab.train import cpus_reserved
 
-    one = compose_cfg("appo", "microduck_balance", ["resources.num_env_runners=1"])
-    two = compose_cfg("appo", "microduck_balance", ["resources.num_env_runners=3"])
-    assert cpus_reserved(two) == cpus_reserved(one) + 1  # two more, half a CPU each
+    one = compose_cfg("appo", "microduck_balance", [])
+    two = compose_cfg("appo", "microduck_balance", ["resources.num_env_runners=2"])
+    assert cpus_reserved(two) == cpus_reserved(one) + 1
     assert largest(one, [one, two]) is two and largest(two, [one]) is two
 
 

@@ -76,13 +76,32 @@ def test_algo_specific_keys_and_task_defaults():
     assert "clip_param" in compose("ppo").algo and "tau" not in compose("ppo").algo
     assert "tau" in compose("sac").algo and "vtrace" not in compose("sac").algo
     # task-level defaults sit between the algorithm defaults and the user's overrides
-    assert compose("appo").env.num_envs == 64
+    assert compose("appo").env.num_envs == 32
     assert compose("appo", overrides=["env.num_envs=7"]).env.num_envs == 7
-    # the task's resources layer too: two EnvRunners for APPO on microduck_balance, one elsewhere
-    assert compose("appo").resources.num_env_runners == 2
-    assert compose("appo", overrides=["resources.num_env_runners=1"]).resources.num_env_runners == 1
-    assert compose("appo", "go2_joystick_flat").resources.num_env_runners == 1
-    assert compose("ppo").resources.num_env_runners == 1
+
+
+def test_a_task_sets_its_own_resources_per_algorithm():
+    """TaskSpec.resources_defaults: a layer of resources.* between the defaults and the
+    overrides, for the algorithm it names only (a task registered for this test)."""
+    import dataclasses
+
+    from raylab.envs.tasks import TASKS, register_task
+
+    spec = dataclasses.replace(
+        TASKS["microduck_balance"],
+        name="two_runner_duck",
+        resources_defaults={"appo": {"num_env_runners": 2, "num_cpus_per_env_runner": 0.5}},
+    )
+    register_task(spec)
+    try:
+        cfg = compose("appo", "two_runner_duck")
+        assert (cfg.resources.num_env_runners, cfg.resources.num_cpus_per_env_runner) == (2, 0.5)
+        assert compose("ppo", "two_runner_duck").resources.num_env_runners == 1
+        typed = compose("appo", "two_runner_duck", overrides=["resources.num_env_runners=3"])
+        assert typed.resources.num_env_runners == 3
+    finally:
+        del TASKS["two_runner_duck"]
+    assert compose("appo").resources.num_env_runners == 1
 
 
 def test_gymnasium_id_gets_the_generic_env_group():

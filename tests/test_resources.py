@@ -42,10 +42,8 @@ def test_the_default_layout_asks_for_two_cpus_so_a_two_cpu_node_fits(algo):
     bundles, strategy = _bundles(algo)
     assert strategy == "PACK"
     # The algorithm's main process and one Learner, half a CPU each (the one coordinates, the
-    # other mostly waits on the collector), and one EnvRunner with a whole CPU; APPO on this
-    # task two EnvRunners of one physics thread, half a CPU each (the task table).
-    layout = [0.5, 0.5, 0.5, 0.5] if algo == "appo" else [0.5, 0.5, 1.0]
-    assert sorted(b["CPU"] for b in bundles) == layout
+    # other mostly waits on the collector), and one EnvRunner with a whole CPU.
+    assert sorted(b["CPU"] for b in bundles) == [0.5, 0.5, 1.0]
     assert fits(bundles, [{"CPU": 2.0}])
     assert not fits(bundles, [{"CPU": 1.0}])
 
@@ -62,7 +60,7 @@ def test_bundles_follow_the_resources_options():
     # Learning inside the main process: its bundle takes the learner's CPUs (next to the
     # EnvRunner's).
     bundles, _ = _bundles(
-        "ppo", "microduck_balance", "resources.num_learners=0", "resources.num_cpus_per_learner=2"
+        "appo", "microduck_balance", "resources.num_learners=0", "resources.num_cpus_per_learner=2"
     )
     assert sorted(b["CPU"] for b in bundles) == [1.0, 2.0]
 
@@ -77,8 +75,7 @@ def test_fits_places_each_bundle_on_one_node():
 
 
 def test_alternatives_are_overrides_that_really_fit():
-    base = ["resources.num_env_runners=3", "resources.num_cpus_per_env_runner=1"]
-    cfg = compose("appo", "microduck_balance", "mujoco", base)
+    cfg = compose("appo", "microduck_balance", "mujoco", ["resources.num_env_runners=3"])
     trainable = algorithm_class("appo")
     algo_config = build_algorithm_config(cfg)
     nodes = [{"CPU": 2.0}]
@@ -87,7 +84,7 @@ def test_alternatives_are_overrides_that_really_fit():
     alts = alternatives(trainable, algo_config, cfg, nodes)
     assert alts and alts[0] == "resources.num_env_runners=1"
     for alt in alts:  # composed as a user would type them, each fits
-        typed = [*base, *alt.split()]
+        typed = ["resources.num_env_runners=3", *alt.split()]
         fixed = compose("appo", "microduck_balance", "mujoco", typed)
         assert fits(requested_bundles(trainable, build_algorithm_config(fixed))[0], nodes), alt
 
@@ -162,12 +159,7 @@ def _train(head: LocalHead, tmp_path, *overrides, timeout=300):
 @pytest.mark.slow
 def test_an_infeasible_request_fails_in_seconds_with_one_line(default_head, tmp_path):
     cpus = _cluster_cpus(default_head)
-    r, wall = _train(
-        default_head,
-        tmp_path,
-        f"resources.num_env_runners={cpus + 1}",
-        "resources.num_cpus_per_env_runner=1",
-    )
+    r, wall = _train(default_head, tmp_path, f"resources.num_env_runners={cpus + 1}")
     assert r.returncode == 2, r.stderr[-3000:]
     assert wall < 60, wall
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("raylab: error:")]

@@ -306,11 +306,10 @@ def test_background_and_nested_work_sit_on_their_own_tracks(traced):
     for e in events:
         if e.get("ph") == "X":
             by_name.setdefault(e["name"], set()).add((e["pid"], e["tid"]))
-    # Env Step's parts on each EnvRunner's nested track, not on the Env Step track (APPO on
-    # microduck_balance runs two EnvRunners).
-    nested = by_name[label(S.PERF_COLLECTOR_BACKEND_STEP_MS)]
-    assert len(nested) == 2 and all(threads[t].endswith("· nested") for t in nested), nested
-    assert not nested & by_name[label(S.PERF_COLLECTOR_ENV_STEP_MS)]
+    # Env Step's parts on the EnvRunner's nested track, not on the Env Step track.
+    (nested,) = by_name[label(S.PERF_COLLECTOR_BACKEND_STEP_MS)]
+    assert threads[nested].endswith("· nested")
+    assert nested not in by_name[label(S.PERF_COLLECTOR_ENV_STEP_MS)]
     # APPO's episode ingest runs on the request thread beside the learner thread.
     (ingest,) = by_name[label(S.PERF_LEARNER_INGEST_MS)]
     assert ingest not in by_name["Learning"]

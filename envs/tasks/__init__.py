@@ -340,25 +340,12 @@ register_task(
         # policy call both shorten it: 0.60 of bare physics against 0.47 (benchmarks/README.md,
         # "A smaller network at 128 envs"), and 30 minutes took 0.377 of the headroom against
         # 0.277 for 32 envs and 256-256 (ppo_microduck_balance_30min_*_s0.json).
-        # APPO: two EnvRunners of 64 envs, one physics thread each. Each EnvRunner's policy
-        # call serves 64 envs and the two step their physics while the other computes its
-        # actions: 0.72 of bare physics against 0.53 for one EnvRunner of 32 envs on two
-        # threads (benchmarks/README.md, "tanh by way of sigmoid, two EnvRunners"), and 45
-        # minutes took 0.397 of the headroom over seeds 0-1 against 0.377 (appo_microduck_balance_
-        # 45min_r2x64_s*.json, _defaults_s*.json). Half a CPU each in Ray's accounting, so the
-        # layout fits a 2-CPU node as the one-EnvRunner layout did (2 x 0.5 + 0.5 + 0.5).
         algo_defaults={
             "sac": {"updates_per_step": 0.25},
             "appo": {"scale_rewards": True},
             "ppo": {"hidden": [128, 128]},
         },
-        env_defaults={
-            **ROBOT_ENV_DEFAULTS,
-            "sac": {"num_envs": 32},
-            "ppo": {"num_envs": 128},
-            "appo": {"num_envs": 64},
-        },
-        resources_defaults={"appo": {"num_env_runners": 2, "num_cpus_per_env_runner": 0.5}},
+        env_defaults={**ROBOT_ENV_DEFAULTS, "sac": {"num_envs": 32}, "ppo": {"num_envs": 128}},
     )
 )
 
